@@ -1,0 +1,187 @@
+//! An open CMF file: the mmap plus everything validated at open (envelope, header,
+//! directory, masks, sparse index). Opening reads no tensor byte.
+
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::directory::{Directory, TensorEntry};
+use super::envelope::{feature, Envelope, Section, SectionKind, ENVELOPE_LEN};
+use super::error::{parse, FormatError, Result};
+use super::header::Header;
+use super::index::{parse_index, IndexEntry};
+use super::masks::{MaskView, Masks};
+
+/// The file's bytes: a read-only mmap, or owned bytes (tests, fuzzing, in-memory builds).
+pub enum Backing {
+    Mmap(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Deref for Backing {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Backing::Mmap(m) => m,
+            Backing::Owned(v) => v,
+        }
+    }
+}
+
+/// One `.cmf` file (a whole model, a shard, or a skill file).
+pub struct CmfFile {
+    pub path: Option<PathBuf>,
+    bytes: Backing,
+    pub envelope: Envelope,
+    pub header: Header,
+    /// The header as parsed JSON, unknown fields included, in file order.
+    pub header_value: Value,
+    pub directory: Directory,
+    pub masks: Option<Masks>,
+    pub index: Option<Vec<IndexEntry>>,
+    /// Things that are legal but worth telling a user (reserved flags set, a hash for an
+    /// absent section, feature bits that disagree with the content).
+    pub warnings: Vec<String>,
+}
+
+impl std::fmt::Debug for CmfFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmfFile").field("path", &self.path).field("tensors", &self.directory.len()).finish()
+    }
+}
+
+impl CmfFile {
+    /// Opens and validates a file. The mapping is read-only; as with any mmap, a file
+    /// truncated by another process while open may fault — the format gives no defence
+    /// against concurrent writers, and `verify` re-reads everything it checks.
+    pub fn open(path: impl AsRef<Path>) -> Result<CmfFile> {
+        let path = path.as_ref();
+        let file = std::fs::File::open(path).map_err(|e| FormatError::io(format!("open {}", path.display()), e))?;
+        let len = file.metadata().map_err(|e| FormatError::io(format!("stat {}", path.display()), e))?.len();
+        let bytes = if len < ENVELOPE_LEN {
+            // Too short to be valid; read it so the error names what is there.
+            Backing::Owned(std::fs::read(path).map_err(|e| FormatError::io(format!("read {}", path.display()), e))?)
+        } else {
+            // SAFETY: read-only private mapping of a regular file; see the doc comment.
+            let map = unsafe { memmap2::Mmap::map(&file) }
+                .map_err(|e| FormatError::io(format!("mmap {}", path.display()), e))?;
+            Backing::Mmap(map)
+        };
+        let mut f = CmfFile::from_backing(bytes)?;
+        f.path = Some(path.to_path_buf());
+        Ok(f)
+    }
+
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<CmfFile> {
+        CmfFile::from_backing(Backing::Owned(bytes))
+    }
+
+    fn from_backing(bytes: Backing) -> Result<CmfFile> {
+        let envelope = Envelope::parse(&bytes[..bytes.len().min(ENVELOPE_LEN as usize)], bytes.len() as u64)?;
+        let sec = |s: Section| &bytes[s.off as usize..s.end() as usize];
+        let (header, header_value) = Header::parse(sec(envelope.header))?;
+        let directory = Directory::parse(sec(envelope.directory), envelope.data.len)?;
+        let masks = if envelope.masks.is_present() {
+            let loop_masks = envelope.required_features & feature::LOOP_MASKS != 0;
+            Some(Masks::parse(sec(envelope.masks), header.arch.as_ref(), loop_masks)?)
+        } else {
+            None
+        };
+        let index = if envelope.index.is_present() { Some(parse_index(sec(envelope.index))?) } else { None };
+
+        let mut warnings = Vec::new();
+        let skill_file = envelope.required_features & feature::SKILL_FILE != 0;
+        let bound = header.skills.iter().flatten().any(|s| s.base_dir_hash.is_some());
+        if bound && !skill_file {
+            return Err(parse("a skill record carries base_dir_hash but required_features lacks SKILL_FILE"));
+        }
+        if skill_file && !bound {
+            return Err(parse("SKILL_FILE is set but no skill record carries base_dir_hash"));
+        }
+        if envelope.flags != 0 {
+            warnings.push(format!("envelope flags are 0x{:x}; the spec reserves them as 0", envelope.flags));
+        }
+        let has_masks_bit = envelope.required_features & feature::BINARY_MASKS != 0;
+        if has_masks_bit != masks.is_some() {
+            warnings.push(format!(
+                "BINARY_MASKS is {} but the masks section is {}",
+                if has_masks_bit { "set" } else { "clear" },
+                if masks.is_some() { "present" } else { "absent" }
+            ));
+        }
+        let needs_2f = directory.iter().any(|e| e.dtype.needs_quant_2f());
+        if needs_2f && envelope.required_features & feature::QUANT_2F == 0 {
+            warnings.push("the directory has q8_2f/vbit tensors but QUANT_2F is not set".into());
+        }
+        if let Some(h) = &header.section_hashes {
+            for (kind, v) in [(SectionKind::Masks, &h.masks), (SectionKind::Vocab, &h.vocab), (SectionKind::Index, &h.index)]
+            {
+                if v.is_some() && !envelope.section(kind).is_present() {
+                    warnings.push(format!("section_hashes names a {} hash but that section is absent", kind.name()));
+                }
+            }
+        }
+        Ok(CmfFile { path: None, bytes, envelope, header, header_value, directory, masks, index, warnings })
+    }
+
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    pub fn section_bytes(&self, kind: SectionKind) -> &[u8] {
+        let s = self.envelope.section(kind);
+        &self.bytes[s.off as usize..s.end() as usize]
+    }
+
+    /// The stored bytes of a directory entry of this file (bounds checked at open).
+    pub fn tensor_bytes(&self, e: &TensorEntry) -> &[u8] {
+        let start = (self.envelope.data.off + e.off) as usize;
+        &self.bytes[start..start + e.nbytes as usize]
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<(&TensorEntry, &[u8])> {
+        self.directory.get(name).map(|e| (e, self.tensor_bytes(e)))
+    }
+
+    /// The embedded `tokenizer.json` bytes (§6), if any.
+    pub fn vocab_bytes(&self) -> Option<&[u8]> {
+        self.envelope.vocab.is_present().then(|| self.section_bytes(SectionKind::Vocab))
+    }
+
+    pub fn is_skill_file(&self) -> bool {
+        self.envelope.required_features & feature::SKILL_FILE != 0
+    }
+
+    /// hash64 of the directory section: the identity a standalone skill binds to (§9.1).
+    pub fn directory_hash(&self) -> u64 {
+        super::hash64(self.section_bytes(SectionKind::Directory))
+    }
+
+    pub fn mask_view(&self, i: usize) -> Option<MaskView<'_>> {
+        let masks = self.masks.as_ref()?;
+        (i < masks.len()).then(|| masks.view(self.section_bytes(SectionKind::Masks), i))
+    }
+
+    pub fn mask_by_name(&self, name: &str) -> Option<MaskView<'_>> {
+        self.mask_view(self.masks.as_ref()?.find(name)?)
+    }
+
+    /// The §12 pipeline namespaces present (`te`, `dit`, `vae`, ...): prefixes that carry a
+    /// `{prefix}.config_json` tensor.
+    pub fn pipeline_components(&self) -> Vec<String> {
+        self.directory
+            .iter()
+            .filter_map(|e| e.name.strip_suffix(".config_json").map(str::to_string))
+            .collect()
+    }
+}
