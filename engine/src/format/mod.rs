@@ -10,6 +10,9 @@ pub mod hash64;
 pub mod header;
 pub mod index;
 pub mod masks;
+pub mod signature;
+pub mod verify;
+pub mod writer;
 
 pub use directory::{Directory, TensorEntry};
 pub use dtype::DType;
