@@ -10,7 +10,9 @@ pub mod hash64;
 pub mod header;
 pub mod index;
 pub mod masks;
+pub mod shards;
 pub mod signature;
+pub mod skills;
 pub mod verify;
 pub mod writer;
 
@@ -21,6 +23,7 @@ pub use error::{ErrorKind, FormatError, Result};
 pub use file::CmfFile;
 pub use hash64::hash64;
 pub use header::Header;
+pub use shards::CmfModel;
 
 /// Text from a file, made safe to print: control characters (and DEL, and the C1 range)
 /// are shown as escapes so a hostile name cannot drive the terminal.
