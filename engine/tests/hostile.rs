@@ -1,0 +1,120 @@
+//! Hostile input: truncations at every section boundary and single-byte flips of every
+//! byte of the envelope, header and directory. Opening must never panic; every flip inside
+//! a hashed region must be caught by open or by verify.
+mod common;
+
+use cortiq_engine::format::verify::{verify, VerifyOptions};
+use cortiq_engine::format::{CmfFile, SectionKind};
+
+fn check_never_panics_and_flags(bytes: Vec<u8>) -> bool {
+    // true = rejected at open or failed verification
+    match std::panic::catch_unwind(|| match CmfFile::from_bytes(bytes) {
+        Err(_) => true,
+        Ok(f) => !verify(&f, &VerifyOptions::default(), &|_| {}).ok,
+    }) {
+        Ok(flagged) => flagged,
+        Err(_) => panic!("open/verify panicked"),
+    }
+}
+
+fn small_files() -> Vec<Vec<u8>> {
+    ["cmf/qwen3-q4.cmf", "cmf/qwen3_moe-masked.cmf", "cmf/qwen3-skillfile.cmf"]
+        .iter()
+        .map(|p| std::fs::read(common::fixture(p)).unwrap())
+        .collect()
+}
+
+#[test]
+fn truncation_at_every_section_boundary_is_an_error() {
+    for bytes in small_files() {
+        let f = CmfFile::from_bytes(bytes.clone()).unwrap();
+        let mut cuts = vec![0, 1, 3, 4, 64, 127, 128];
+        for k in SectionKind::ALL {
+            let s = f.envelope.section(k);
+            if s.is_present() {
+                cuts.extend([s.off, s.off + 1, s.end() - 1, s.end()].map(|c| c as usize));
+            }
+        }
+        for e in f.directory.iter() {
+            cuts.push((f.envelope.data.off + e.off + e.nbytes / 2) as usize);
+        }
+        for cut in cuts.into_iter().filter(|&c| c < bytes.len()) {
+            let r = std::panic::catch_unwind(|| CmfFile::from_bytes(bytes[..cut].to_vec()));
+            let r = r.unwrap_or_else(|_| panic!("panic when truncated at {cut}"));
+            assert!(r.is_err(), "truncated at {cut} of {} opened", bytes.len());
+        }
+    }
+}
+
+#[test]
+fn every_flip_of_envelope_header_directory_is_caught_or_harmless() {
+    for bytes in small_files() {
+        let f = CmfFile::from_bytes(bytes.clone()).unwrap();
+        let header = f.envelope.header;
+        let dir = f.envelope.directory;
+        let mut regions = vec![(0u64, 128u64)];
+        regions.push((header.off, header.end()));
+        regions.push((dir.off, dir.end()));
+        for (a, b) in regions {
+            for at in a..b {
+                // One flip pattern per byte, rotating low bit / high bit / whole byte.
+                {
+                    let mask = [0x01u8, 0x80, 0xff][(at % 3) as usize];
+                    let mut m = bytes.clone();
+                    m[at as usize] ^= mask;
+                    let flagged = check_never_panics_and_flags(m);
+                    let in_hashed = at >= 0x70; // everything after the envelope's own 0x70 bytes
+                    // Bytes the envelope does not hash (§8.1): the flags word is reserved and
+                    // only warned about; any other envelope change moves a section and is caught
+                    // downstream by bounds or hashes — or lands in bytes no longer read.
+                    if in_hashed {
+                        assert!(flagged, "flip 0x{mask:02x} at {at} (hashed region) went unnoticed");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_flip_of_masks_vocab_and_a_tensor_is_caught() {
+    let bytes = std::fs::read(common::fixture("cmf/qwen3_moe-masked.cmf")).unwrap();
+    let f = CmfFile::from_bytes(bytes.clone()).unwrap();
+    let mut spots = Vec::new();
+    for k in [SectionKind::Masks, SectionKind::Index] {
+        let s = f.envelope.section(k);
+        spots.extend(s.off..s.end());
+    }
+    let v = f.envelope.vocab;
+    spots.extend((v.off..v.end()).step_by(97));
+    let e = &f.directory.entries[3];
+    let t0 = f.envelope.data.off + e.off;
+    spots.extend((t0..t0 + e.nbytes).step_by(13));
+    for at in spots {
+        let mut m = bytes.clone();
+        m[at as usize] ^= 0x10;
+        assert!(check_never_panics_and_flags(m), "flip at {at} went unnoticed");
+    }
+}
+
+#[test]
+fn garbage_and_tiny_files_are_clean_errors() {
+    use cortiq_engine::format::ErrorKind;
+    assert_eq!(CmfFile::from_bytes(vec![]).unwrap_err().kind(), ErrorKind::InvalidMagic);
+    assert_eq!(CmfFile::from_bytes(b"GGUF....".to_vec()).unwrap_err().kind(), ErrorKind::InvalidMagic);
+    let mut b = b"CMF\x01".to_vec();
+    b.resize(200, 0xff);
+    assert!(CmfFile::from_bytes(b).is_err());
+    let mut rng = 0x1234_5678_9abc_def0u64;
+    for _ in 0..2000 {
+        let mut b = std::fs::read(common::fixture("cmf/qwen3-skillfile.cmf")).unwrap();
+        for _ in 0..4 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let at = (rng % 2400) as usize;
+            b[at] = (rng >> 32) as u8;
+        }
+        check_never_panics_and_flags(b);
+    }
+}
