@@ -1,1 +1,3 @@
 pub mod format;
+pub mod quant;
+pub mod synth;

@@ -1,0 +1,14 @@
+//! One module per subcommand. Each has an `Args` struct (clap derive) and
+//! `pub fn run(args: &Args) -> CmdResult`; shared plumbing lives in [`common`].
+
+pub mod common;
+pub mod compact;
+pub mod demo;
+pub mod diff;
+pub mod info;
+pub mod masks;
+pub mod sign;
+pub mod skill;
+pub mod skills;
+pub mod tensors;
+pub mod verify;
