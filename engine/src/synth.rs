@@ -112,7 +112,10 @@ pub fn demo_tokenizer_json() -> (Vec<u8>, u32) {
                   "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
                   "ignore_merges": false, "vocab": vocab, "merges": []}
     });
-    (serde_json::to_vec(&tok).expect("tokenizer serializes"), 256 + specials.len() as u32)
+    (
+        serde_json::to_vec(&tok).expect("tokenizer serializes"),
+        256 + specials.len() as u32,
+    )
 }
 
 const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
@@ -136,25 +139,93 @@ fn plan(cfg: &DemoConfig, vocab: u64) -> Vec<Planned> {
     let mut v = Vec::new();
     let mut add = |name: String, dtype: DType, shape: Vec<u64>, std: f32| {
         let norm = name.ends_with("norm.weight");
-        v.push(Planned { plan: TensorPlan { name, dtype, shape }, std, norm })
+        v.push(Planned {
+            plan: TensorPlan { name, dtype, shape },
+            std,
+            norm,
+        })
     };
-    add("model.embed_tokens.weight".into(), DType::Q8Row, vec![vocab, h], 0.05);
-    let rot = [DType::Q4Tiled, DType::Q4tp, DType::VbitRo, DType::Q8_2f, DType::Vbit, DType::Q4Block];
-    let ffn_rot = [DType::Q8Row, DType::Q1t, DType::Q4Block, DType::Q1s, DType::Bf16, DType::Q1];
+    add(
+        "model.embed_tokens.weight".into(),
+        DType::Q8Row,
+        vec![vocab, h],
+        0.05,
+    );
+    let rot = [
+        DType::Q4Tiled,
+        DType::Q4tp,
+        DType::VbitRo,
+        DType::Q8_2f,
+        DType::Vbit,
+        DType::Q4Block,
+    ];
+    let ffn_rot = [
+        DType::Q8Row,
+        DType::Q1t,
+        DType::Q4Block,
+        DType::Q1s,
+        DType::Bf16,
+        DType::Q1,
+    ];
     for l in 0..cfg.layers {
         let p = format!("model.layers.{l}.");
         let a = rot[l as usize % rot.len()];
-        add(format!("{p}input_layernorm.weight"), DType::F16, vec![h], 0.0);
-        add(format!("{p}self_attn.q_proj.weight"), a, vec![cfg.heads * hd, h], 0.08);
-        add(format!("{p}self_attn.k_proj.weight"), a, vec![cfg.kv_heads * hd, h], 0.08);
-        add(format!("{p}self_attn.v_proj.weight"), a, vec![cfg.kv_heads * hd, h], 0.08);
-        add(format!("{p}self_attn.o_proj.weight"), a, vec![h, cfg.heads * hd], 0.08);
-        add(format!("{p}self_attn.q_norm.weight"), DType::F16, vec![hd], 0.0);
-        add(format!("{p}self_attn.k_norm.weight"), DType::F16, vec![hd], 0.0);
-        add(format!("{p}post_attention_layernorm.weight"), DType::F16, vec![h], 0.0);
+        add(
+            format!("{p}input_layernorm.weight"),
+            DType::F16,
+            vec![h],
+            0.0,
+        );
+        add(
+            format!("{p}self_attn.q_proj.weight"),
+            a,
+            vec![cfg.heads * hd, h],
+            0.08,
+        );
+        add(
+            format!("{p}self_attn.k_proj.weight"),
+            a,
+            vec![cfg.kv_heads * hd, h],
+            0.08,
+        );
+        add(
+            format!("{p}self_attn.v_proj.weight"),
+            a,
+            vec![cfg.kv_heads * hd, h],
+            0.08,
+        );
+        add(
+            format!("{p}self_attn.o_proj.weight"),
+            a,
+            vec![h, cfg.heads * hd],
+            0.08,
+        );
+        add(
+            format!("{p}self_attn.q_norm.weight"),
+            DType::F16,
+            vec![hd],
+            0.0,
+        );
+        add(
+            format!("{p}self_attn.k_norm.weight"),
+            DType::F16,
+            vec![hd],
+            0.0,
+        );
+        add(
+            format!("{p}post_attention_layernorm.weight"),
+            DType::F16,
+            vec![h],
+            0.0,
+        );
         let f = ffn_rot[l as usize % ffn_rot.len()];
         if moe_layer(l) {
-            add(format!("{p}mlp.gate.weight"), DType::F32, vec![cfg.experts, h], 0.1);
+            add(
+                format!("{p}mlp.gate.weight"),
+                DType::F32,
+                vec![cfg.experts, h],
+                0.1,
+            );
             // Experts contiguous by role (§2.2): all gate_proj, then all up_proj, then down_proj.
             for role in ["gate_proj", "up_proj", "down_proj"] {
                 for e in 0..cfg.experts {
@@ -167,9 +238,24 @@ fn plan(cfg: &DemoConfig, vocab: u64) -> Vec<Planned> {
                 }
             }
         } else {
-            add(format!("{p}mlp.gate_proj.weight"), f, vec![cfg.intermediate, h], 0.08);
-            add(format!("{p}mlp.up_proj.weight"), f, vec![cfg.intermediate, h], 0.08);
-            add(format!("{p}mlp.down_proj.weight"), f, vec![h, cfg.intermediate], 0.08);
+            add(
+                format!("{p}mlp.gate_proj.weight"),
+                f,
+                vec![cfg.intermediate, h],
+                0.08,
+            );
+            add(
+                format!("{p}mlp.up_proj.weight"),
+                f,
+                vec![cfg.intermediate, h],
+                0.08,
+            );
+            add(
+                format!("{p}mlp.down_proj.weight"),
+                f,
+                vec![h, cfg.intermediate],
+                0.08,
+            );
         }
     }
     add("model.norm.weight".into(), DType::F16, vec![h], 0.0);
@@ -180,7 +266,13 @@ fn plan(cfg: &DemoConfig, vocab: u64) -> Vec<Planned> {
 fn values(rng: &mut Rng, p: &Planned) -> Vec<f32> {
     let n: u64 = p.plan.shape.iter().product();
     (0..n)
-        .map(|_| if p.norm { 1.0 + 0.1 * rng.normal() } else { p.std * rng.normal() })
+        .map(|_| {
+            if p.norm {
+                1.0 + 0.1 * rng.normal()
+            } else {
+                p.std * rng.normal()
+            }
+        })
         .collect()
 }
 
@@ -215,7 +307,11 @@ fn mask_blob(cfg: &DemoConfig, rng: &mut Rng, ffn_keep: f32, experts_keep: Optio
             let mut row = vec![0u8; eb];
             // Dense layers keep every bit (a row of ones does not restrict, §5).
             let n = if moe_layer(l) { keep } else { cfg.experts };
-            let first = if moe_layer(l) { (l * 3) % cfg.experts } else { 0 };
+            let first = if moe_layer(l) {
+                (l * 3) % cfg.experts
+            } else {
+                0
+            };
             for k in 0..n {
                 let e = ((first + k) % cfg.experts) as usize;
                 row[e / 8] |= 1 << (e % 8);
@@ -232,14 +328,25 @@ pub fn write_demo(out: &Path) -> Result<WriteSummary> {
     let (tokenizer, vocab) = demo_tokenizer_json();
     let mut planned = plan(&cfg, vocab as u64);
     // A skill "sql" replacing the dense MLP of the last two dense layers.
-    let skill_layers: Vec<u64> = (0..cfg.layers).filter(|&l| !moe_layer(l)).rev().take(2).collect();
+    let skill_layers: Vec<u64> = (0..cfg.layers)
+        .filter(|&l| !moe_layer(l))
+        .rev()
+        .take(2)
+        .collect();
     let mut skill_tensors = Vec::new();
     for &l in skill_layers.iter().rev() {
         for role in ["gate_proj", "up_proj", "down_proj"] {
             let base = format!("model.layers.{l}.mlp.{role}.weight");
-            let p = planned.iter().find(|p| p.plan.name == base).expect("dense layer tensor");
+            let p = planned
+                .iter()
+                .find(|p| p.plan.name == base)
+                .expect("dense layer tensor");
             skill_tensors.push(Planned {
-                plan: TensorPlan { name: format!("skill.sql.{base}"), dtype: DType::Q8_2f, shape: p.plan.shape.clone() },
+                plan: TensorPlan {
+                    name: format!("skill.sql.{base}"),
+                    dtype: DType::Q8_2f,
+                    shape: p.plan.shape.clone(),
+                },
                 std: 0.08,
                 norm: false,
             });
@@ -346,11 +453,15 @@ pub fn write_demo(out: &Path) -> Result<WriteSummary> {
         extra_features: 0,
     };
     let mut w = StreamWriter::create(out, spec)?;
-    let opts = EncodeOptions { mean_bits: Some(4.5), outlier_fraction: Some(0.01) };
+    let opts = EncodeOptions {
+        mean_bits: Some(4.5),
+        outlier_fraction: Some(0.01),
+    };
     for p in &planned {
         let vals = values(&mut rng, p);
-        let bytes = quant::encode(p.plan.dtype, &p.plan.shape, &vals, &opts)
-            .map_err(|e| crate::format::FormatError::Parse(format!("encode {}: {e}", p.plan.name)))?;
+        let bytes = quant::encode(p.plan.dtype, &p.plan.shape, &vals, &opts).map_err(|e| {
+            crate::format::FormatError::Parse(format!("encode {}: {e}", p.plan.name))
+        })?;
         w.write_tensor(&bytes)?;
     }
     w.finish()
@@ -369,10 +480,20 @@ pub fn write_bench_file(out: &Path, dim: u64, layers: u64) -> Result<WriteSummar
             vocab_size: dim,
             ..Default::default()
         }),
-        provenance: Some(json!({"tool": "cortiq-workbench bench file", "source_model": "random bytes"})),
+        provenance: Some(
+            json!({"tool": "cortiq-workbench bench file", "source_model": "random bytes"}),
+        ),
         ..Default::default()
     };
-    let names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+    let names = [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ];
     let mut tensors = Vec::new();
     for l in 0..layers {
         for n in names {
@@ -383,7 +504,11 @@ pub fn write_bench_file(out: &Path, dim: u64, layers: u64) -> Result<WriteSummar
             });
         }
     }
-    let spec = WriteSpec { header, tensors, ..Default::default() };
+    let spec = WriteSpec {
+        header,
+        tensors,
+        ..Default::default()
+    };
     let mut w = StreamWriter::create(out, spec)?;
     let mut rng = Rng::new(7);
     let mut buf = vec![0u8; (dim * dim + 2 * dim) as usize];

@@ -8,7 +8,12 @@ fn every_reference_file_opens() {
         let f = CmfFile::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         assert!(!f.directory.is_empty(), "{}", p.display());
         assert!(f.header.arch.is_some(), "{}", p.display());
-        eprintln!("{}: {} tensors, warnings {:?}", p.display(), f.directory.len(), f.warnings);
+        eprintln!(
+            "{}: {} tensors, warnings {:?}",
+            p.display(),
+            f.directory.len(),
+            f.warnings
+        );
     }
 }
 
@@ -22,7 +27,10 @@ fn masked_moe_file_has_its_expert_mask() {
     let e = m.experts(0).unwrap();
     assert_eq!(e.bits, 8);
     assert!(e.count_ones() < 8, "the code mask narrows routing");
-    let idx = f.index.as_ref().expect("this reference file carries a sparse index");
+    let idx = f
+        .index
+        .as_ref()
+        .expect("this reference file carries a sparse index");
     assert_eq!(idx.len(), 4);
     assert!(!f.section_bytes(SectionKind::Vocab).is_empty());
 }

@@ -18,10 +18,14 @@ fn check_never_panics_and_flags(bytes: Vec<u8>) -> bool {
 }
 
 fn small_files() -> Vec<Vec<u8>> {
-    ["cmf/qwen3-q4.cmf", "cmf/qwen3_moe-masked.cmf", "cmf/qwen3-skillfile.cmf"]
-        .iter()
-        .map(|p| std::fs::read(common::fixture(p)).unwrap())
-        .collect()
+    [
+        "cmf/qwen3-q4.cmf",
+        "cmf/qwen3_moe-masked.cmf",
+        "cmf/qwen3-skillfile.cmf",
+    ]
+    .iter()
+    .map(|p| std::fs::read(common::fixture(p)).unwrap())
+    .collect()
 }
 
 #[test]
@@ -64,11 +68,14 @@ fn every_flip_of_envelope_header_directory_is_caught_or_harmless() {
                     m[at as usize] ^= mask;
                     let flagged = check_never_panics_and_flags(m);
                     let in_hashed = at >= 0x70; // everything after the envelope's own 0x70 bytes
-                    // Bytes the envelope does not hash (§8.1): the flags word is reserved and
-                    // only warned about; any other envelope change moves a section and is caught
-                    // downstream by bounds or hashes — or lands in bytes no longer read.
+                                                // Bytes the envelope does not hash (§8.1): the flags word is reserved and
+                                                // only warned about; any other envelope change moves a section and is caught
+                                                // downstream by bounds or hashes — or lands in bytes no longer read.
                     if in_hashed {
-                        assert!(flagged, "flip 0x{mask:02x} at {at} (hashed region) went unnoticed");
+                        assert!(
+                            flagged,
+                            "flip 0x{mask:02x} at {at} (hashed region) went unnoticed"
+                        );
                     }
                 }
             }
@@ -93,15 +100,26 @@ fn every_flip_of_masks_vocab_and_a_tensor_is_caught() {
     for at in spots {
         let mut m = bytes.clone();
         m[at as usize] ^= 0x10;
-        assert!(check_never_panics_and_flags(m), "flip at {at} went unnoticed");
+        assert!(
+            check_never_panics_and_flags(m),
+            "flip at {at} went unnoticed"
+        );
     }
 }
 
 #[test]
 fn garbage_and_tiny_files_are_clean_errors() {
     use cortiq_engine::format::ErrorKind;
-    assert_eq!(CmfFile::from_bytes(vec![]).unwrap_err().kind(), ErrorKind::InvalidMagic);
-    assert_eq!(CmfFile::from_bytes(b"GGUF....".to_vec()).unwrap_err().kind(), ErrorKind::InvalidMagic);
+    assert_eq!(
+        CmfFile::from_bytes(vec![]).unwrap_err().kind(),
+        ErrorKind::InvalidMagic
+    );
+    assert_eq!(
+        CmfFile::from_bytes(b"GGUF....".to_vec())
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidMagic
+    );
     let mut b = b"CMF\x01".to_vec();
     b.resize(200, 0xff);
     assert!(CmfFile::from_bytes(b).is_err());

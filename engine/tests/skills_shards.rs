@@ -7,7 +7,10 @@ use cortiq_engine::format::verify::{verify, VerifyOptions};
 use cortiq_engine::format::{writer, CmfFile, CmfModel};
 
 fn name_hashes(f: &CmfFile) -> BTreeSet<(String, u64)> {
-    f.directory.iter().map(|e| (e.name.clone(), e.hash)).collect()
+    f.directory
+        .iter()
+        .map(|e| (e.name.clone(), e.hash))
+        .collect()
 }
 
 fn verified(f: &CmfFile) {
@@ -33,7 +36,10 @@ fn applying_the_reference_skill_file_rebuilds_the_skilled_model() {
     let other = CmfFile::open(common::fixture("cmf/qwen3-q8.cmf")).unwrap();
     let err = skills::apply_skill(&other, &skill, &dir.path().join("x.cmf"), false).unwrap_err();
     assert!(err.to_string().contains("d3e074f94cea010a"), "{err}");
-    assert!(!dir.path().join("x.cmf").exists(), "a refused apply writes nothing");
+    assert!(
+        !dir.path().join("x.cmf").exists(),
+        "a refused apply writes nothing"
+    );
     skills::apply_skill(&other, &skill, &dir.path().join("x.cmf"), true).unwrap();
 }
 
@@ -64,12 +70,21 @@ fn append_in_place_keeps_every_existing_byte() {
     let record = skilled.header.skills.as_ref().unwrap()[0].clone();
     let tensors: Vec<SkillTensor> = skills::skill_tensors(&skilled, "sql")
         .into_iter()
-        .map(|(e, b)| SkillTensor { base_name: b.into(), dtype: e.dtype, shape: e.shape.clone(), bytes: skilled.tensor_bytes(e) })
+        .map(|(e, b)| SkillTensor {
+            base_name: b.into(),
+            dtype: e.dtype,
+            shape: e.shape.clone(),
+            bytes: skilled.tensor_bytes(e),
+        })
         .collect();
     assert_eq!(tensors.len(), 9);
     skills::append_skill_in_place(&path, record.clone(), &tensors).unwrap();
     let after = std::fs::read(&path).unwrap();
-    assert_eq!(&after[128..before.len()], &before[128..], "append-only: nothing before the old end changes but the envelope");
+    assert_eq!(
+        &after[128..before.len()],
+        &before[128..],
+        "append-only: nothing before the old end changes but the envelope"
+    );
     let grown = CmfFile::open(&path).unwrap();
     verified(&grown);
     assert_eq!(name_hashes(&grown), name_hashes(&skilled));
@@ -85,12 +100,18 @@ fn append_in_place_keeps_every_existing_byte() {
     let out = dir.path().join("copy.cmf");
     skills::add_skill_to_copy(&src, &out, record, &tensors).unwrap();
     assert_eq!(std::fs::read(&src).unwrap(), before);
-    assert_eq!(name_hashes(&CmfFile::open(&out).unwrap()), name_hashes(&skilled));
+    assert_eq!(
+        name_hashes(&CmfFile::open(&out).unwrap()),
+        name_hashes(&skilled)
+    );
     // And compact makes the grown file tight again, with the same tensors.
     let tight = dir.path().join("tight.cmf");
     writer::compact(&grown, &tight).unwrap();
     assert!(std::fs::metadata(&tight).unwrap().len() < after.len() as u64);
-    assert_eq!(name_hashes(&CmfFile::open(&tight).unwrap()), name_hashes(&skilled));
+    assert_eq!(
+        name_hashes(&CmfFile::open(&tight).unwrap()),
+        name_hashes(&skilled)
+    );
 }
 
 #[test]
@@ -100,7 +121,9 @@ fn sharded_write_and_open_from_any_shard() {
     let out = dir.path().join("moe.cmf");
     let spec = writer::spec_of(&src);
     let shards = writer::write_sharded(&out, spec, 200_000, |i| {
-        Ok(std::borrow::Cow::Borrowed(src.tensor_bytes(&src.directory.entries[i])))
+        Ok(std::borrow::Cow::Borrowed(
+            src.tensor_bytes(&src.directory.entries[i]),
+        ))
     })
     .unwrap();
     assert!(shards.len() >= 3, "{} shards", shards.len());

@@ -5,7 +5,10 @@ use cortiq_engine::format::verify::{verify, LinkStatus, VerifyOptions};
 use cortiq_engine::format::{writer, CmfFile};
 
 fn opts() -> VerifyOptions<'static> {
-    VerifyOptions { signature: true, ..Default::default() }
+    VerifyOptions {
+        signature: true,
+        ..Default::default()
+    }
 }
 
 #[test]
@@ -27,7 +30,10 @@ fn reference_signature_is_valid_and_trust_is_reported() {
     let f = CmfFile::open(&p).unwrap();
     let r = verify(&f, &opts(), &|_| {});
     let pk = "dbec9ee0ff7684d058a71d71a4d8093a9463763bed813aa32761b473411ad3f5";
-    assert_eq!(r.signature, Some(SignatureStatus::SelfConsistent { pubkey: pk.into() }));
+    assert_eq!(
+        r.signature,
+        Some(SignatureStatus::SelfConsistent { pubkey: pk.into() })
+    );
     let trusted = VerifyOptions {
         signature: true,
         trusted_keys: vec![hex::decode(pk).unwrap().try_into().unwrap()],
@@ -35,11 +41,24 @@ fn reference_signature_is_valid_and_trust_is_reported() {
     };
     let r = verify(&f, &trusted, &|_| {});
     assert!(r.ok);
-    assert_eq!(r.signature, Some(SignatureStatus::Trusted { pubkey: pk.into() }));
-    let other = VerifyOptions { signature: true, trusted_keys: vec![[9u8; 32]], ..Default::default() };
+    assert_eq!(
+        r.signature,
+        Some(SignatureStatus::Trusted { pubkey: pk.into() })
+    );
+    let other = VerifyOptions {
+        signature: true,
+        trusted_keys: vec![[9u8; 32]],
+        ..Default::default()
+    };
     let r = verify(&f, &other, &|_| {});
-    assert!(!r.ok, "a signature by a key the user does not trust must not pass");
-    assert!(matches!(r.signature, Some(SignatureStatus::UntrustedKey { .. })));
+    assert!(
+        !r.ok,
+        "a signature by a key the user does not trust must not pass"
+    );
+    assert!(matches!(
+        r.signature,
+        Some(SignatureStatus::UntrustedKey { .. })
+    ));
 }
 
 #[test]
@@ -55,14 +74,32 @@ fn compact_is_a_faithful_and_stable_rewrite() {
         assert!(r.ok, "{}: {:?}", p.display(), r.failures);
         assert_eq!(g.directory.len(), f.directory.len());
         for (a, b) in f.directory.iter().zip(g.directory.iter()) {
-            assert_eq!((&a.name, a.dtype, &a.shape, a.nbytes, a.hash), (&b.name, b.dtype, &b.shape, b.nbytes, b.hash));
+            assert_eq!(
+                (&a.name, a.dtype, &a.shape, a.nbytes, a.hash),
+                (&b.name, b.dtype, &b.shape, b.nbytes, b.hash)
+            );
             assert_eq!(f.tensor_bytes(a), g.tensor_bytes(b));
         }
         assert_eq!(f.vocab_bytes(), g.vocab_bytes());
-        assert_eq!(f.envelope.required_features, g.envelope.required_features, "{}", p.display());
-        assert_eq!(f.masks.as_ref().map(|m| m.meta.clone()), g.masks.as_ref().map(|m| m.meta.clone()));
+        assert_eq!(
+            f.envelope.required_features,
+            g.envelope.required_features,
+            "{}",
+            p.display()
+        );
+        assert_eq!(
+            f.masks.as_ref().map(|m| m.meta.clone()),
+            g.masks.as_ref().map(|m| m.meta.clone())
+        );
         writer::compact(&g, &out2).unwrap();
-        assert_eq!(std::fs::read(&out1).unwrap(), std::fs::read(&out2).unwrap(), "{}: rewrite not byte-identical", p.display());
-        assert!(std::fs::metadata(&out1).unwrap().len() <= std::fs::metadata(&p).unwrap().len() + 4096);
+        assert_eq!(
+            std::fs::read(&out1).unwrap(),
+            std::fs::read(&out2).unwrap(),
+            "{}: rewrite not byte-identical",
+            p.display()
+        );
+        assert!(
+            std::fs::metadata(&out1).unwrap().len() <= std::fs::metadata(&p).unwrap().len() + 4096
+        );
     }
 }

@@ -363,7 +363,9 @@ mod tests {
 /// Refuses an output path that names one of the inputs (the same file, by any path):
 /// nothing overwrites a user's input.
 pub fn refuse_overwriting_input(inputs: &[&Path], output: &Path) -> Result<(), CliError> {
-    let Ok(out) = std::fs::canonicalize(output) else { return Ok(()) }; // does not exist yet
+    let Ok(out) = std::fs::canonicalize(output) else {
+        return Ok(());
+    }; // does not exist yet
     for input in inputs {
         if std::fs::canonicalize(input).is_ok_and(|i| i == out) {
             return Err(CliError::usage(format!(

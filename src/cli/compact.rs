@@ -6,7 +6,10 @@ use std::path::PathBuf;
 use cortiq_engine::format::writer;
 use serde_json::json;
 
-use super::common::{emit, esc_path, human_bytes, open, print_json, refuse_overwriting_input, CliError, CmdResult, Status};
+use super::common::{
+    emit, esc_path, human_bytes, open, print_json, refuse_overwriting_input, CliError, CmdResult,
+    Status,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -25,7 +28,9 @@ pub fn run(args: &Args) -> CmdResult {
     let file = open(&args.file)?;
     let summary = writer::compact(&file, &args.output).map_err(|e| CliError::io(e.to_string()))?;
     if args.json {
-        print_json(&json!({"ok": true, "output": summary.path, "bytes_before": file.len(), "bytes_after": summary.bytes, "tensors": summary.tensors}))?;
+        print_json(
+            &json!({"ok": true, "output": summary.path, "bytes_before": file.len(), "bytes_after": summary.bytes, "tensors": summary.tensors}),
+        )?;
     } else {
         emit(&format!(
             "compacted {} ({}) -> {} ({}), {} tensors\n",

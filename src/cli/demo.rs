@@ -25,7 +25,11 @@ pub fn run(args: &Args) -> CmdResult {
     let file = open(&args.output)?;
     let report = verify(&file, &VerifyOptions::default(), &|_| {});
     if !report.ok {
-        return Err(CliError { kind: "HashMismatch".into(), message: "the demo file fails its own verification".into(), code: 1 });
+        return Err(CliError {
+            kind: "HashMismatch".into(),
+            message: "the demo file fails its own verification".into(),
+            code: 1,
+        });
     }
     if args.json {
         print_json(&json!({
@@ -47,8 +51,25 @@ pub fn run(args: &Args) -> CmdResult {
         human_bytes(summary.bytes),
         summary.tensors,
         dtypes.join(", "),
-        file.masks.as_ref().map(|m| m.meta.masks.iter().map(|r| r.name.clone()).collect::<Vec<_>>().join(", ")).unwrap_or_default(),
-        file.header.skills.as_ref().map(|s| s.iter().map(|r| r.id.clone()).collect::<Vec<_>>().join(", ")).unwrap_or_default(),
+        file.masks
+            .as_ref()
+            .map(|m| m
+                .meta
+                .masks
+                .iter()
+                .map(|r| r.name.clone())
+                .collect::<Vec<_>>()
+                .join(", "))
+            .unwrap_or_default(),
+        file.header
+            .skills
+            .as_ref()
+            .map(|s| s
+                .iter()
+                .map(|r| r.id.clone())
+                .collect::<Vec<_>>()
+                .join(", "))
+            .unwrap_or_default(),
     ))?;
     super::info::run(&super::info::Args::text(args.output.clone()))?;
     emit(&format!(

@@ -27,14 +27,21 @@ pub fn run(args: &Args) -> CmdResult {
     // Signing vouches for the bytes: check the hash chain first.
     let report = verify(&file, &VerifyOptions::default(), &|_| {});
     if !report.ok {
-        let first = report.first_failure.map(|f| f.link.describe()).unwrap_or_default();
+        let first = report
+            .first_failure
+            .map(|f| f.link.describe())
+            .unwrap_or_default();
         return Err(CliError {
             kind: "HashMismatch".into(),
-            message: format!("{} fails verification ({first}); refusing to sign it", args.file.display()),
+            message: format!(
+                "{} fails verification ({first}); refusing to sign it",
+                args.file.display()
+            ),
             code: 1,
         });
     }
-    let (key, created) = signature::load_or_create_key(&args.key).map_err(|e| CliError::format(&args.key, &e))?;
+    let (key, created) =
+        signature::load_or_create_key(&args.key).map_err(|e| CliError::format(&args.key, &e))?;
     let sig = signature::sign_bytes(&key, file.bytes());
     let path = signature::write_sig(&args.file, &sig).map_err(|e| CliError::io(e.to_string()))?;
     if args.json {
@@ -48,9 +55,18 @@ pub fn run(args: &Args) -> CmdResult {
     } else {
         let mut out = String::new();
         if created {
-            out.push_str(&format!("created key {} (mode 0600)\n", esc_path(&args.key)));
+            out.push_str(&format!(
+                "created key {} (mode 0600)\n",
+                esc_path(&args.key)
+            ));
         }
-        out.push_str(&format!("signed {}\n  sha256 {}\n  pubkey {}\n  wrote  {}\n", esc_path(&args.file), sig.sha256, sig.pubkey, esc_path(&path)));
+        out.push_str(&format!(
+            "signed {}\n  sha256 {}\n  pubkey {}\n  wrote  {}\n",
+            esc_path(&args.file),
+            sig.sha256,
+            sig.pubkey,
+            esc_path(&path)
+        ));
         out.push_str("Others check it with: cortiq verify FILE --trusted-key <pubkey>\n");
         emit(&out)?;
     }

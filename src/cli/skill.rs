@@ -7,7 +7,9 @@ use cortiq_engine::format::skills::{self, SkillTensor};
 use cortiq_engine::format::{hash64::hex16, CmfFile};
 use serde_json::json;
 
-use super::common::{emit, esc, esc_path, open, print_json, refuse_overwriting_input, CliError, CmdResult, Status};
+use super::common::{
+    emit, esc, esc_path, open, print_json, refuse_overwriting_input, CliError, CmdResult, Status,
+};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
@@ -91,7 +93,11 @@ impl Command {
 fn write_err(e: cortiq_engine::format::FormatError) -> CliError {
     match e {
         cortiq_engine::format::FormatError::Io { .. } => CliError::io(e.to_string()),
-        other => CliError { kind: other.kind().to_string(), message: other.message(), code: 2 },
+        other => CliError {
+            kind: other.kind().to_string(),
+            message: other.message(),
+            code: 2,
+        },
     }
 }
 
@@ -111,7 +117,8 @@ pub fn run(cmd: &Command) -> CmdResult {
             refuse_overwriting_input(&[&a.skilled, &a.base], &a.output)?;
             let skilled = open(&a.skilled)?;
             let base = open(&a.base)?;
-            let s = skills::export_skill(&skilled, &a.skill, &base, &a.output).map_err(write_err)?;
+            let s =
+                skills::export_skill(&skilled, &a.skill, &base, &a.output).map_err(write_err)?;
             done(
                 a.json,
                 json!({"ok": true, "output": s.path, "tensors": s.tensors, "base_dir_hash": hex16(base.directory_hash())}),
@@ -132,7 +139,13 @@ pub fn run(cmd: &Command) -> CmdResult {
             done(
                 a.json,
                 json!({"ok": true, "output": s.path, "tensors": s.tensors}),
-                format!("applied {} to {}: {} ({} tensors)\n", esc_path(&a.skill), esc_path(&a.base), esc_path(&a.output), s.tensors),
+                format!(
+                    "applied {} to {}: {} ({} tensors)\n",
+                    esc_path(&a.skill),
+                    esc_path(&a.base),
+                    esc_path(&a.output),
+                    s.tensors
+                ),
             )
         }
         Command::Add(a) => add(a),
@@ -141,7 +154,9 @@ pub fn run(cmd: &Command) -> CmdResult {
 
 fn add(a: &AddArgs) -> CmdResult {
     if a.output.is_none() && !a.in_place {
-        return Err(CliError::usage("say where the grown model goes: -o OUT, or --in-place to grow BASE itself"));
+        return Err(CliError::usage(
+            "say where the grown model goes: -o OUT, or --in-place to grow BASE itself",
+        ));
     }
     if let Some(out) = &a.output {
         refuse_overwriting_input(&[&a.base, &a.from], out)?;
@@ -153,17 +168,27 @@ fn add(a: &AddArgs) -> CmdResult {
         if e.name.starts_with(skills::PREFIX) || !e.layer().is_some_and(|l| a.layers.contains(&l)) {
             continue;
         }
-        tensors.push(SkillTensor { base_name: e.name.clone(), dtype: e.dtype, shape: e.shape.clone(), bytes: donor.tensor_bytes(e) });
+        tensors.push(SkillTensor {
+            base_name: e.name.clone(),
+            dtype: e.dtype,
+            shape: e.shape.clone(),
+            bytes: donor.tensor_bytes(e),
+        });
     }
     if tensors.is_empty() {
-        return Err(CliError::usage(format!("the donor has no tensors in layers {:?}", a.layers)));
+        return Err(CliError::usage(format!(
+            "the donor has no tensors in layers {:?}",
+            a.layers
+        )));
     }
     let record = SkillRecord {
         id: a.skill.clone(),
         name: a.name.clone(),
         layers: a.layers.clone(),
         quality: None, // not measured: a converter never declares quality (§5.1, §9)
-        provenance: Some(json!({"donor": a.from.file_name().map(|n| n.to_string_lossy().into_owned())})),
+        provenance: Some(
+            json!({"donor": a.from.file_name().map(|n| n.to_string_lossy().into_owned())}),
+        ),
         ..Default::default()
     };
     let n = tensors.len();
@@ -180,6 +205,11 @@ fn add(a: &AddArgs) -> CmdResult {
     done(
         a.json,
         json!({"ok": true, "output": target, "skill": a.skill, "tensors": n}),
-        format!("added skill {} ({n} tensors, layers {:?}) to {}\n", esc(&a.skill), a.layers, esc_path(&target)),
+        format!(
+            "added skill {} ({n} tensors, layers {:?}) to {}\n",
+            esc(&a.skill),
+            a.layers,
+            esc_path(&target)
+        ),
     )
 }

@@ -11,7 +11,9 @@ use cortiq_engine::format::verify::{verify, LinkStatus, VerifyEvent, VerifyOptio
 use cortiq_engine::quant;
 use serde_json::json;
 
-use super::common::{emit, esc, esc_path, human_bytes, open, print_json, CliError, CmdResult, Status};
+use super::common::{
+    emit, esc, esc_path, human_bytes, open, print_json, CliError, CmdResult, Status,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -35,23 +37,42 @@ fn parse_trusted(s: &str) -> Result<[u8; 32], CliError> {
     if let Some(k) = signature::parse_public_key(s) {
         return Ok(k);
     }
-    let text = std::fs::read_to_string(s)
-        .map_err(|e| CliError::usage(format!("--trusted-key {s:?}: not 64 hex digits, and not a readable file ({e})")))?;
+    let text = std::fs::read_to_string(s).map_err(|e| {
+        CliError::usage(format!(
+            "--trusted-key {s:?}: not 64 hex digits, and not a readable file ({e})"
+        ))
+    })?;
     if let Some(k) = signature::parse_public_key(&text) {
         return Ok(k);
     }
     serde_json::from_str::<serde_json::Value>(&text)
         .ok()
-        .and_then(|v| v.get("pubkey").and_then(|p| p.as_str()).and_then(signature::parse_public_key))
-        .ok_or_else(|| CliError::usage(format!("--trusted-key {s:?}: the file holds no 32-byte public key in hex")))
+        .and_then(|v| {
+            v.get("pubkey")
+                .and_then(|p| p.as_str())
+                .and_then(signature::parse_public_key)
+        })
+        .ok_or_else(|| {
+            CliError::usage(format!(
+                "--trusted-key {s:?}: the file holds no 32-byte public key in hex"
+            ))
+        })
 }
 
-fn payload_check(dtype: cortiq_engine::format::DType, shape: &[u64], bytes: &[u8]) -> Result<(), String> {
+fn payload_check(
+    dtype: cortiq_engine::format::DType,
+    shape: &[u64],
+    bytes: &[u8],
+) -> Result<(), String> {
     quant::validate(dtype, shape, bytes).map_err(|e| e.to_string())
 }
 
 pub fn run(args: &Args) -> CmdResult {
-    let trusted = args.trusted_key.iter().map(|s| parse_trusted(s)).collect::<Result<Vec<_>, _>>()?;
+    let trusted = args
+        .trusted_key
+        .iter()
+        .map(|s| parse_trusted(s))
+        .collect::<Result<Vec<_>, _>>()?;
     let file = match open(&args.file) {
         Ok(f) => f,
         Err(e) if args.json && e.code == 1 => {
@@ -76,8 +97,19 @@ pub fn run(args: &Args) -> CmdResult {
     let last_pct = AtomicU64::new(u64::MAX);
     let start = Instant::now();
     let report = verify(&file, &opts, &|ev| {
-        if let (true, VerifyEvent::Progress { bytes_done, bytes_total }) = (show_progress, &ev) {
-            let pct = if *bytes_total == 0 { 100 } else { bytes_done * 100 / bytes_total };
+        if let (
+            true,
+            VerifyEvent::Progress {
+                bytes_done,
+                bytes_total,
+            },
+        ) = (show_progress, &ev)
+        {
+            let pct = if *bytes_total == 0 {
+                100
+            } else {
+                bytes_done * 100 / bytes_total
+            };
             if last_pct.swap(pct, Ordering::Relaxed) != pct {
                 eprint!("\rhashing tensors {pct:3}%");
             }
@@ -92,7 +124,11 @@ pub fn run(args: &Args) -> CmdResult {
     } else {
         emit(&text_report(&args.file, &file, &report, secs))?;
     }
-    Ok(if report.ok { Status::Success } else { Status::Failure })
+    Ok(if report.ok {
+        Status::Success
+    } else {
+        Status::Failure
+    })
 }
 
 fn json_report(r: &VerifyReport, secs: f64) -> serde_json::Value {
@@ -136,12 +172,19 @@ fn describe_status(s: &LinkStatus) -> String {
     match s {
         LinkStatus::Ok => "ok".into(),
         LinkStatus::Unchecked { reason } => format!("unchecked ({})", esc(reason)),
-        LinkStatus::Mismatch { expected, actual } => format!("hash mismatch: recorded {expected}, computed {actual}"),
+        LinkStatus::Mismatch { expected, actual } => {
+            format!("hash mismatch: recorded {expected}, computed {actual}")
+        }
         LinkStatus::Invalid { reason } => format!("invalid: {}", esc(reason)),
     }
 }
 
-fn text_report(path: &std::path::Path, file: &cortiq_engine::format::CmfFile, r: &VerifyReport, secs: f64) -> String {
+fn text_report(
+    path: &std::path::Path,
+    file: &cortiq_engine::format::CmfFile,
+    r: &VerifyReport,
+    secs: f64,
+) -> String {
     use cortiq_engine::format::verify::Link;
     let mut out = String::new();
     let mark = |s: &LinkStatus| match s {
@@ -171,14 +214,26 @@ fn text_report(path: &std::path::Path, file: &cortiq_engine::format::CmfFile, r:
                 "  {}  {:<10} {}\n",
                 mark(&l.status),
                 other.describe(),
-                if l.status == LinkStatus::Ok { String::new() } else { describe_status(&l.status) }
+                if l.status == LinkStatus::Ok {
+                    String::new()
+                } else {
+                    describe_status(&l.status)
+                }
             )),
         }
     }
-    let rate = if secs > 0.0 { r.bytes_hashed as f64 / secs / 1e9 } else { 0.0 };
+    let rate = if secs > 0.0 {
+        r.bytes_hashed as f64 / secs / 1e9
+    } else {
+        0.0
+    };
     out.push_str(&format!(
         "  {}  tensors    {}/{} match ({} in {:.3} s, {:.2} GB/s)\n",
-        if tensor_failed.is_empty() { "ok  " } else { "FAIL" },
+        if tensor_failed.is_empty() {
+            "ok  "
+        } else {
+            "FAIL"
+        },
         tensor_ok,
         r.tensors_checked,
         human_bytes(r.bytes_hashed),
@@ -186,11 +241,19 @@ fn text_report(path: &std::path::Path, file: &cortiq_engine::format::CmfFile, r:
         rate
     ));
     for l in &tensor_failed {
-        out.push_str(&format!("          {}: {}\n", l.link.describe(), describe_status(&l.status)));
+        out.push_str(&format!(
+            "          {}: {}\n",
+            l.link.describe(),
+            describe_status(&l.status)
+        ));
     }
     if let Some(sig) = &r.signature {
         let st = sig.link_status();
-        out.push_str(&format!("  {}  signature  {}\n", mark(&st), esc(&sig.describe())));
+        out.push_str(&format!(
+            "  {}  signature  {}\n",
+            mark(&st),
+            esc(&sig.describe())
+        ));
     }
     for w in &file.warnings {
         out.push_str(&format!("  warning: {}\n", esc(w)));

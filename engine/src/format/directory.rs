@@ -83,7 +83,10 @@ impl Directory {
         let mut by_name = HashMap::with_capacity(entries.len());
         for (i, e) in entries.iter().enumerate() {
             if by_name.insert(e.name.clone(), i).is_some() {
-                return Err(parse(format!("tensor name {:?} appears twice in the directory", e.name)));
+                return Err(parse(format!(
+                    "tensor name {:?} appears twice in the directory",
+                    e.name
+                )));
             }
         }
         Ok(Directory { entries, by_name })
@@ -95,7 +98,9 @@ impl Directory {
     pub fn parse(bytes: &[u8], data_len: u64) -> Result<Directory> {
         let len = bytes.len() as u64;
         if len < 16 {
-            return Err(bounds(format!("directory is {len} bytes, shorter than its 16-byte head")));
+            return Err(bounds(format!(
+                "directory is {len} bytes, shorter than its 16-byte head"
+            )));
         }
         let count = u64_at(bytes, 0);
         let pool_off = u64_at(bytes, 8);
@@ -120,8 +125,12 @@ impl Directory {
             entries.push(parse_record(i, r, pool, data_len)?);
         }
         // No overlap: sort the non-empty extents by offset.
-        let mut extents: Vec<(u64, u64, usize)> =
-            entries.iter().enumerate().filter(|(_, e)| e.nbytes > 0).map(|(i, e)| (e.off, e.off + e.nbytes, i)).collect();
+        let mut extents: Vec<(u64, u64, usize)> = entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.nbytes > 0)
+            .map(|(i, e)| (e.off, e.off + e.nbytes, i))
+            .collect();
         extents.sort_unstable();
         for w in extents.windows(2) {
             if w[0].1 > w[1].0 {
@@ -158,7 +167,9 @@ impl Directory {
     pub fn to_bytes(&self) -> Vec<u8> {
         let count = self.entries.len() as u64;
         let pool_off = 16 + count * RECORD_LEN;
-        let mut out = Vec::with_capacity(pool_off as usize + self.entries.iter().map(|e| e.name.len()).sum::<usize>());
+        let mut out = Vec::with_capacity(
+            pool_off as usize + self.entries.iter().map(|e| e.name.len()).sum::<usize>(),
+        );
         out.extend_from_slice(&count.to_le_bytes());
         out.extend_from_slice(&pool_off.to_le_bytes());
         let mut name_off = 0u32;
@@ -197,8 +208,14 @@ fn parse_record(i: usize, r: &[u8], pool: &[u8], data_len: u64) -> Result<Tensor
     let name = std::str::from_utf8(&pool[name_off as usize..name_end as usize])
         .map_err(|_| parse(format!("record {i}: tensor name is not UTF-8")))?
         .to_string();
-    let at = |what: &str| format!("tensor {:?} (record {i}): {what}", crate::format::escape_str(&name));
-    let dtype = DType::from_id(dtype_id).ok_or_else(|| parse(at(&format!("unknown dtype id {dtype_id}"))))?;
+    let at = |what: &str| {
+        format!(
+            "tensor {:?} (record {i}): {what}",
+            crate::format::escape_str(&name)
+        )
+    };
+    let dtype = DType::from_id(dtype_id)
+        .ok_or_else(|| parse(at(&format!("unknown dtype id {dtype_id}"))))?;
     if ndim == 0 {
         return Err(parse(at("ndim is 0")));
     }
@@ -207,7 +224,9 @@ fn parse_record(i: usize, r: &[u8], pool: &[u8], data_len: u64) -> Result<Tensor
     }
     let dims: Vec<u64> = (0..MAX_NDIM).map(|d| u32_at(r, 8 + d * 4) as u64).collect();
     if dims[ndim..].iter().any(|&d| d != 0) {
-        return Err(parse(at(&format!("shape has non-zero entries beyond ndim {ndim}: {dims:?}"))));
+        return Err(parse(at(&format!(
+            "shape has non-zero entries beyond ndim {ndim}: {dims:?}"
+        ))));
     }
     let shape = dims[..ndim].to_vec();
     let off = u64_at(r, 32);
@@ -216,20 +235,35 @@ fn parse_record(i: usize, r: &[u8], pool: &[u8], data_len: u64) -> Result<Tensor
     if off % TENSOR_ALIGN != 0 {
         return Err(bounds(at(&format!("offset {off} is not a multiple of 64"))));
     }
-    let end = off.checked_add(nbytes).ok_or_else(|| bounds(at("offset + nbytes overflows")))?;
+    let end = off
+        .checked_add(nbytes)
+        .ok_or_else(|| bounds(at("offset + nbytes overflows")))?;
     if end > data_len {
-        return Err(bounds(at(&format!("bytes [{off}, {end}) exceed the {data_len}-byte data section"))));
+        return Err(bounds(at(&format!(
+            "bytes [{off}, {end}) exceed the {data_len}-byte data section"
+        ))));
     }
     match dtype.size_for(&shape).map_err(|e| parse(at(&e)))? {
         Size::Exact(want) if want != nbytes => {
-            return Err(bounds(at(&format!("nbytes {nbytes} but {dtype} {shape:?} takes {want}"))));
+            return Err(bounds(at(&format!(
+                "nbytes {nbytes} but {dtype} {shape:?} takes {want}"
+            ))));
         }
         Size::AtLeast(min) if nbytes < min => {
-            return Err(bounds(at(&format!("nbytes {nbytes} but {dtype} {shape:?} takes at least {min}"))));
+            return Err(bounds(at(&format!(
+                "nbytes {nbytes} but {dtype} {shape:?} takes at least {min}"
+            ))));
         }
         _ => {}
     }
-    Ok(TensorEntry { name, dtype, shape, off, nbytes, hash })
+    Ok(TensorEntry {
+        name,
+        dtype,
+        shape,
+        off,
+        nbytes,
+        hash,
+    })
 }
 
 #[cfg(test)]
@@ -237,7 +271,14 @@ mod tests {
     use super::*;
 
     fn entry(name: &str, off: u64) -> TensorEntry {
-        TensorEntry { name: name.into(), dtype: DType::F32, shape: vec![4, 2], off, nbytes: 32, hash: 7 }
+        TensorEntry {
+            name: name.into(),
+            dtype: DType::F32,
+            shape: vec![4, 2],
+            off,
+            nbytes: 32,
+            hash: 7,
+        }
     }
 
     #[test]
@@ -253,7 +294,11 @@ mod tests {
     fn rejects_bad_records() {
         use crate::format::ErrorKind::*;
         let kind = |es: Vec<TensorEntry>, data_len| {
-            let b = Directory { entries: es, by_name: HashMap::new() }.to_bytes();
+            let b = Directory {
+                entries: es,
+                by_name: HashMap::new(),
+            }
+            .to_bytes();
             Directory::parse(&b, data_len).unwrap_err().kind()
         };
         assert_eq!(kind(vec![entry("a", 0), entry("b", 0)], 128), Bounds); // overlap
@@ -266,7 +311,7 @@ mod tests {
         let mut e = entry("a", 0);
         e.shape = vec![];
         assert_eq!(kind(vec![e], 128), Parse); // ndim 0
-        // dtype id 16 is unknown
+                                               // dtype id 16 is unknown
         let mut b = Directory::new(vec![entry("a", 0)]).unwrap().to_bytes();
         b[16 + 6] = 16;
         assert_eq!(Directory::parse(&b, 128).unwrap_err().kind(), Parse);
@@ -279,7 +324,10 @@ mod tests {
     #[test]
     fn layer_names() {
         assert_eq!(layer_of("model.layers.12.mlp.up_proj.weight"), Some(12));
-        assert_eq!(layer_of("skill.sql.model.layers.3.mlp.gate_proj.weight"), Some(3));
+        assert_eq!(
+            layer_of("skill.sql.model.layers.3.mlp.gate_proj.weight"),
+            Some(3)
+        );
         assert_eq!(layer_of("model.mtp.layers.0.x"), Some(0));
         assert_eq!(layer_of("lm_head.weight"), None);
     }

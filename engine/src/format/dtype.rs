@@ -163,14 +163,21 @@ impl DType {
         let n = numel(shape).ok_or_else(|| "shape product overflows u64".to_string())?;
         let (rows, cols) = if self.requires_2d() {
             if shape.len() != 2 {
-                return Err(format!("{} is defined for 2-D tensors only, shape has {} dims", self.name(), shape.len()));
+                return Err(format!(
+                    "{} is defined for 2-D tensors only, shape has {} dims",
+                    self.name(),
+                    shape.len()
+                ));
             }
             (shape[0], shape[1])
         } else {
             (0, 0)
         };
         if self.requires_cols_multiple_of_group() && cols % GROUP != 0 {
-            return Err(format!("{} needs cols % 32 == 0, cols = {cols}", self.name()));
+            return Err(format!(
+                "{} needs cols % 32 == 0, cols = {cols}",
+                self.name()
+            ));
         }
         let groups = n.div_ceil(GROUP);
         let ovf = || "tensor byte size overflows u64".to_string();
@@ -193,7 +200,11 @@ impl DType {
             DType::Vbit | DType::VbitRo => {
                 // bits + scales + the narrowest packing (3 bits per weight).
                 let head = a(rows, m(groups, 2)?)?;
-                let head = if self == DType::VbitRo { a(head, m(a(rows, 1)?, 4)?)? } else { head };
+                let head = if self == DType::VbitRo {
+                    a(head, m(a(rows, 1)?, 4)?)?
+                } else {
+                    head
+                };
                 Size::AtLeast(a(head, m(rows, m(cols, 3)?.div_ceil(8))?)?)
             }
             DType::Mix8_4 | DType::U8 | DType::Q4Col => Size::Opaque,

@@ -163,7 +163,10 @@ impl Envelope {
                 feature::names(unknown).join(", ")
             )));
         }
-        let sec = |at: usize| Section { off: u64_at(bytes, at), len: u64_at(bytes, at + 8) };
+        let sec = |at: usize| Section {
+            off: u64_at(bytes, at),
+            len: u64_at(bytes, at + 8),
+        };
         let env = Envelope {
             version,
             flags: u32_at(bytes, 8),
@@ -185,15 +188,27 @@ impl Envelope {
         let mut present: Vec<(SectionKind, Section)> = Vec::new();
         for kind in SectionKind::ALL {
             let s = self.section(kind);
-            let optional = matches!(kind, SectionKind::Masks | SectionKind::Vocab | SectionKind::Index);
+            let optional = matches!(
+                kind,
+                SectionKind::Masks | SectionKind::Vocab | SectionKind::Index
+            );
             if optional && s.off == 0 && s.len != 0 {
-                return Err(bounds(format!("{} section has offset 0 (absent) but length {}", kind.name(), s.len)));
+                return Err(bounds(format!(
+                    "{} section has offset 0 (absent) but length {}",
+                    kind.name(),
+                    s.len
+                )));
             }
             if !optional && kind != SectionKind::Data && s.len == 0 {
                 return Err(bounds(format!("{} section is empty", kind.name())));
             }
             let end = s.off.checked_add(s.len).ok_or_else(|| {
-                bounds(format!("{} section offset {} + length {} overflows", kind.name(), s.off, s.len))
+                bounds(format!(
+                    "{} section offset {} + length {} overflows",
+                    kind.name(),
+                    s.off,
+                    s.len
+                ))
             })?;
             if end > file_len {
                 return Err(bounds(format!(
@@ -205,14 +220,21 @@ impl Envelope {
                 )));
             }
             if s.len > 0 && s.off < ENVELOPE_LEN {
-                return Err(bounds(format!("{} section at offset {} overlaps the envelope", kind.name(), s.off)));
+                return Err(bounds(format!(
+                    "{} section at offset {} overlaps the envelope",
+                    kind.name(),
+                    s.off
+                )));
             }
             if s.len > 0 {
                 present.push((kind, s));
             }
         }
         if self.data.off % DATA_ALIGN != 0 {
-            return Err(bounds(format!("data_off {} is not a multiple of 4096", self.data.off)));
+            return Err(bounds(format!(
+                "data_off {} is not a multiple of 4096",
+                self.data.off
+            )));
         }
         present.sort_by_key(|(_, s)| s.off);
         for w in present.windows(2) {
@@ -296,7 +318,10 @@ mod tests {
         e.directory.len = 4000; // runs into data
         assert_eq!(kind(&e.to_bytes(), 8192), Bounds);
         let mut e = sample();
-        e.masks = Section { off: u64::MAX, len: 2 };
+        e.masks = Section {
+            off: u64::MAX,
+            len: 2,
+        };
         assert_eq!(kind(&e.to_bytes(), 8192), Bounds);
         assert_eq!(kind(&good[..50], 50), Bounds);
         assert_eq!(kind(b"CM", 2), InvalidMagic);

@@ -75,7 +75,10 @@ impl FormatError {
     }
 
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        FormatError::Io { context: context.into(), source }
+        FormatError::Io {
+            context: context.into(),
+            source,
+        }
     }
 }
 

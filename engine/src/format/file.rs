@@ -47,7 +47,10 @@ pub struct CmfFile {
 
 impl std::fmt::Debug for CmfFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CmfFile").field("path", &self.path).field("tensors", &self.directory.len()).finish()
+        f.debug_struct("CmfFile")
+            .field("path", &self.path)
+            .field("tensors", &self.directory.len())
+            .finish()
     }
 }
 
@@ -57,11 +60,18 @@ impl CmfFile {
     /// against concurrent writers, and `verify` re-reads everything it checks.
     pub fn open(path: impl AsRef<Path>) -> Result<CmfFile> {
         let path = path.as_ref();
-        let file = std::fs::File::open(path).map_err(|e| FormatError::io(format!("open {}", path.display()), e))?;
-        let len = file.metadata().map_err(|e| FormatError::io(format!("stat {}", path.display()), e))?.len();
+        let file = std::fs::File::open(path)
+            .map_err(|e| FormatError::io(format!("open {}", path.display()), e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| FormatError::io(format!("stat {}", path.display()), e))?
+            .len();
         let bytes = if len < ENVELOPE_LEN {
             // Too short to be valid; read it so the error names what is there.
-            Backing::Owned(std::fs::read(path).map_err(|e| FormatError::io(format!("read {}", path.display()), e))?)
+            Backing::Owned(
+                std::fs::read(path)
+                    .map_err(|e| FormatError::io(format!("read {}", path.display()), e))?,
+            )
         } else {
             // SAFETY: read-only private mapping of a regular file; see the doc comment.
             let map = unsafe { memmap2::Mmap::map(&file) }
@@ -78,29 +88,51 @@ impl CmfFile {
     }
 
     fn from_backing(bytes: Backing) -> Result<CmfFile> {
-        let envelope = Envelope::parse(&bytes[..bytes.len().min(ENVELOPE_LEN as usize)], bytes.len() as u64)?;
+        let envelope = Envelope::parse(
+            &bytes[..bytes.len().min(ENVELOPE_LEN as usize)],
+            bytes.len() as u64,
+        )?;
         let sec = |s: Section| &bytes[s.off as usize..s.end() as usize];
         let (header, header_value) = Header::parse(sec(envelope.header))?;
         let directory = Directory::parse(sec(envelope.directory), envelope.data.len)?;
         let masks = if envelope.masks.is_present() {
             let loop_masks = envelope.required_features & feature::LOOP_MASKS != 0;
-            Some(Masks::parse(sec(envelope.masks), header.arch.as_ref(), loop_masks)?)
+            Some(Masks::parse(
+                sec(envelope.masks),
+                header.arch.as_ref(),
+                loop_masks,
+            )?)
         } else {
             None
         };
-        let index = if envelope.index.is_present() { Some(parse_index(sec(envelope.index))?) } else { None };
+        let index = if envelope.index.is_present() {
+            Some(parse_index(sec(envelope.index))?)
+        } else {
+            None
+        };
 
         let mut warnings = Vec::new();
         let skill_file = envelope.required_features & feature::SKILL_FILE != 0;
-        let bound = header.skills.iter().flatten().any(|s| s.base_dir_hash.is_some());
+        let bound = header
+            .skills
+            .iter()
+            .flatten()
+            .any(|s| s.base_dir_hash.is_some());
         if bound && !skill_file {
-            return Err(parse("a skill record carries base_dir_hash but required_features lacks SKILL_FILE"));
+            return Err(parse(
+                "a skill record carries base_dir_hash but required_features lacks SKILL_FILE",
+            ));
         }
         if skill_file && !bound {
-            return Err(parse("SKILL_FILE is set but no skill record carries base_dir_hash"));
+            return Err(parse(
+                "SKILL_FILE is set but no skill record carries base_dir_hash",
+            ));
         }
         if envelope.flags != 0 {
-            warnings.push(format!("envelope flags are 0x{:x}; the spec reserves them as 0", envelope.flags));
+            warnings.push(format!(
+                "envelope flags are 0x{:x}; the spec reserves them as 0",
+                envelope.flags
+            ));
         }
         let has_masks_bit = envelope.required_features & feature::BINARY_MASKS != 0;
         if has_masks_bit != masks.is_some() {
@@ -115,14 +147,30 @@ impl CmfFile {
             warnings.push("the directory has q8_2f/vbit tensors but QUANT_2F is not set".into());
         }
         if let Some(h) = &header.section_hashes {
-            for (kind, v) in [(SectionKind::Masks, &h.masks), (SectionKind::Vocab, &h.vocab), (SectionKind::Index, &h.index)]
-            {
+            for (kind, v) in [
+                (SectionKind::Masks, &h.masks),
+                (SectionKind::Vocab, &h.vocab),
+                (SectionKind::Index, &h.index),
+            ] {
                 if v.is_some() && !envelope.section(kind).is_present() {
-                    warnings.push(format!("section_hashes names a {} hash but that section is absent", kind.name()));
+                    warnings.push(format!(
+                        "section_hashes names a {} hash but that section is absent",
+                        kind.name()
+                    ));
                 }
             }
         }
-        Ok(CmfFile { path: None, bytes, envelope, header, header_value, directory, masks, index, warnings })
+        Ok(CmfFile {
+            path: None,
+            bytes,
+            envelope,
+            header,
+            header_value,
+            directory,
+            masks,
+            index,
+            warnings,
+        })
     }
 
     /// The whole file.
@@ -155,7 +203,10 @@ impl CmfFile {
 
     /// The embedded `tokenizer.json` bytes (§6), if any.
     pub fn vocab_bytes(&self) -> Option<&[u8]> {
-        self.envelope.vocab.is_present().then(|| self.section_bytes(SectionKind::Vocab))
+        self.envelope
+            .vocab
+            .is_present()
+            .then(|| self.section_bytes(SectionKind::Vocab))
     }
 
     pub fn is_skill_file(&self) -> bool {

@@ -203,13 +203,15 @@ impl Header {
     /// Parses header bytes: UTF-8, a JSON object, the typed fields, and the cross-field rules
     /// (format/version, `layer_types` length, shard numbering, skill hashes).
     pub fn parse(bytes: &[u8]) -> Result<(Header, Value)> {
-        let text = std::str::from_utf8(bytes).map_err(|e| parse(format!("header is not UTF-8: {e}")))?;
-        let value: Value = serde_json::from_str(text).map_err(|e| parse(format!("header JSON: {e}")))?;
+        let text =
+            std::str::from_utf8(bytes).map_err(|e| parse(format!("header is not UTF-8: {e}")))?;
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| parse(format!("header JSON: {e}")))?;
         if !value.is_object() {
             return Err(parse("header JSON is not an object"));
         }
-        let header: Header =
-            serde_json::from_value(value.clone()).map_err(|e| parse(format!("header JSON: {e}")))?;
+        let header: Header = serde_json::from_value(value.clone())
+            .map_err(|e| parse(format!("header JSON: {e}")))?;
         header.check()?;
         Ok((header, value))
     }
@@ -246,14 +248,23 @@ impl Header {
         }
         if let Some(s) = self.shard {
             if s.count == 0 || s.no == 0 || s.no > s.count {
-                return Err(parse(format!("shard {{no: {}, count: {}}} is not a valid position", s.no, s.count)));
+                return Err(parse(format!(
+                    "shard {{no: {}, count: {}}} is not a valid position",
+                    s.no, s.count
+                )));
             }
         }
         if let Some(h) = &self.section_hashes {
-            for (k, v) in [("masks", &h.masks), ("vocab", &h.vocab), ("index", &h.index)] {
+            for (k, v) in [
+                ("masks", &h.masks),
+                ("vocab", &h.vocab),
+                ("index", &h.index),
+            ] {
                 if let Some(v) = v {
                     if super::hash64::parse_hex16(v).is_none() {
-                        return Err(parse(format!("section_hashes.{k} {v:?} is not 16 hex digits")));
+                        return Err(parse(format!(
+                            "section_hashes.{k} {v:?} is not 16 hex digits"
+                        )));
                     }
                 }
             }
@@ -262,11 +273,17 @@ impl Header {
             let mut ids = std::collections::HashSet::new();
             for s in skills {
                 if !ids.insert(s.id.as_str()) {
-                    return Err(parse(format!("skill id {:?} appears twice in the registry", s.id)));
+                    return Err(parse(format!(
+                        "skill id {:?} appears twice in the registry",
+                        s.id
+                    )));
                 }
                 if let Some(h) = &s.base_dir_hash {
                     if super::hash64::parse_hex16(h).is_none() {
-                        return Err(parse(format!("skill {:?}: base_dir_hash {h:?} is not 16 hex digits", s.id)));
+                        return Err(parse(format!(
+                            "skill {:?}: base_dir_hash {h:?} is not 16 hex digits",
+                            s.id
+                        )));
                     }
                 }
             }
@@ -295,7 +312,10 @@ mod tests {
     fn unknown_fields_survive_a_round_trip_in_order() {
         let src = br#"{"format":"cmf","version":2,"arch":{"arch_name":"x","hidden_size":8,"num_layers":1,"vocab_size":4,"zeta":1,"alpha":[2]},"new_thing":{"b":1,"a":2}}"#;
         let (h, _) = Header::parse(src).unwrap();
-        assert_eq!(h.arch.as_ref().unwrap().extra.keys().collect::<Vec<_>>(), ["zeta", "alpha"]);
+        assert_eq!(
+            h.arch.as_ref().unwrap().extra.keys().collect::<Vec<_>>(),
+            ["zeta", "alpha"]
+        );
         assert!(h.extra.contains_key("new_thing"));
         let again = h.to_bytes();
         let (h2, _) = Header::parse(&again).unwrap();

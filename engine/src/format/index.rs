@@ -14,16 +14,25 @@ pub struct IndexEntry {
 }
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(at..at.checked_add(4)?)?.try_into().ok()?))
+    Some(u32::from_le_bytes(
+        b.get(at..at.checked_add(4)?)?.try_into().ok()?,
+    ))
 }
 
 /// Parses the whole section; every entry must lie inside it and be sorted.
 pub fn parse_index(section: &[u8]) -> Result<Vec<IndexEntry>> {
-    let short = |what: &str| bounds(format!("sparse index: {what} runs past the {}-byte section", section.len()));
+    let short = |what: &str| {
+        bounds(format!(
+            "sparse index: {what} runs past the {}-byte section",
+            section.len()
+        ))
+    };
     let n = u32_at(section, 0).ok_or_else(|| short("head"))?;
     let reserved = u32_at(section, 4).ok_or_else(|| short("head"))?;
     if reserved != 0 {
-        return Err(parse(format!("sparse index: reserved word is {reserved}, must be 0")));
+        return Err(parse(format!(
+            "sparse index: reserved word is {reserved}, must be 0"
+        )));
     }
     let mut at = 8usize;
     // Each entry takes at least 16 bytes: bound the allocation by what the section can hold.
@@ -31,8 +40,10 @@ pub fn parse_index(section: &[u8]) -> Result<Vec<IndexEntry>> {
     for i in 0..n {
         let task_id = u32_at(section, at).ok_or_else(|| short(&format!("entry {i}")))?;
         let layer_idx = u32_at(section, at + 4).ok_or_else(|| short(&format!("entry {i}")))?;
-        let n_groups = u32_at(section, at + 8).ok_or_else(|| short(&format!("entry {i}")))? as usize;
-        let n_heads = u32_at(section, at + 12).ok_or_else(|| short(&format!("entry {i}")))? as usize;
+        let n_groups =
+            u32_at(section, at + 8).ok_or_else(|| short(&format!("entry {i}")))? as usize;
+        let n_heads =
+            u32_at(section, at + 12).ok_or_else(|| short(&format!("entry {i}")))? as usize;
         at += 16;
         let body = n_groups
             .checked_mul(2)
@@ -45,10 +56,17 @@ pub fn parse_index(section: &[u8]) -> Result<Vec<IndexEntry>> {
             .collect();
         let heads = section[at + 2 * n_groups..at + body].to_vec();
         if !groups.windows(2).all(|w| w[0] < w[1]) || !heads.windows(2).all(|w| w[0] < w[1]) {
-            return Err(parse(format!("sparse index entry {i}: indices are not strictly sorted")));
+            return Err(parse(format!(
+                "sparse index entry {i}: indices are not strictly sorted"
+            )));
         }
         at = (at + body).next_multiple_of(4);
-        out.push(IndexEntry { task_id, layer_idx, groups, heads });
+        out.push(IndexEntry {
+            task_id,
+            layer_idx,
+            groups,
+            heads,
+        });
     }
     if at < section.len() {
         return Err(bounds(format!(

@@ -78,7 +78,13 @@ impl MaskLayout {
         self.experts.div_ceil(8)
     }
     pub fn blob_len(&self) -> u64 {
-        let per_visit = self.ffn_bytes() + self.head_bytes() + if self.has_experts { self.expert_bytes() } else { 0 };
+        let per_visit = self.ffn_bytes()
+            + self.head_bytes()
+            + if self.has_experts {
+                self.expert_bytes()
+            } else {
+                0
+            };
         self.visits * per_visit + self.gate_bytes()
     }
     fn ffn_at(&self) -> u64 {
@@ -149,15 +155,26 @@ pub struct MaskView<'a> {
 
 impl<'a> MaskView<'a> {
     fn field(&self, at: u64, bytes: u64, bits: u64) -> BitField<'a> {
-        BitField { bytes: &self.blob[at as usize..(at + bytes) as usize], bits }
+        BitField {
+            bytes: &self.blob[at as usize..(at + bytes) as usize],
+            bits,
+        }
     }
     pub fn ffn(&self, visit: u64) -> BitField<'a> {
         let l = &self.layout;
-        self.field(l.ffn_at() + visit * l.ffn_bytes(), l.ffn_bytes(), l.intermediate)
+        self.field(
+            l.ffn_at() + visit * l.ffn_bytes(),
+            l.ffn_bytes(),
+            l.intermediate,
+        )
     }
     pub fn heads(&self, visit: u64) -> BitField<'a> {
         let l = &self.layout;
-        self.field(l.heads_at() + visit * l.head_bytes(), l.head_bytes(), l.heads)
+        self.field(
+            l.heads_at() + visit * l.head_bytes(),
+            l.head_bytes(),
+            l.heads,
+        )
     }
     pub fn gates(&self) -> BitField<'a> {
         let l = &self.layout;
@@ -165,7 +182,13 @@ impl<'a> MaskView<'a> {
     }
     pub fn experts(&self, visit: u64) -> Option<BitField<'a>> {
         let l = &self.layout;
-        l.has_experts.then(|| self.field(l.experts_at() + visit * l.expert_bytes(), l.expert_bytes(), l.experts))
+        l.has_experts.then(|| {
+            self.field(
+                l.experts_at() + visit * l.expert_bytes(),
+                l.expert_bytes(),
+                l.experts,
+            )
+        })
     }
     /// Fraction of masked-out (inactive) FFN neurons over all visits.
     pub fn ffn_sparsity(&self) -> f64 {
@@ -188,26 +211,31 @@ impl Masks {
     pub fn parse(section: &[u8], arch: Option<&Arch>, loop_masks: bool) -> Result<Masks> {
         let len = section.len() as u64;
         if len < 8 {
-            return Err(bounds(format!("masks section is {len} bytes, shorter than its 8-byte head")));
+            return Err(bounds(format!(
+                "masks section is {len} bytes, shorter than its 8-byte head"
+            )));
         }
         let n_masks = u32_at(section, 0) as u64;
         let meta_len = u32_at(section, 4) as u64;
         let meta_end = 8 + meta_len;
         if meta_end > len {
-            return Err(bounds(format!("masks meta of {meta_len} bytes runs past the {len}-byte section")));
+            return Err(bounds(format!(
+                "masks meta of {meta_len} bytes runs past the {len}-byte section"
+            )));
         }
         let meta_bytes = &section[8..meta_end as usize];
-        let meta_json: Value =
-            serde_json::from_slice(meta_bytes).map_err(|e| parse(format!("masks meta JSON: {e}")))?;
-        let meta: MaskMeta =
-            serde_json::from_value(meta_json.clone()).map_err(|e| parse(format!("masks meta JSON: {e}")))?;
+        let meta_json: Value = serde_json::from_slice(meta_bytes)
+            .map_err(|e| parse(format!("masks meta JSON: {e}")))?;
+        let meta: MaskMeta = serde_json::from_value(meta_json.clone())
+            .map_err(|e| parse(format!("masks meta JSON: {e}")))?;
         if meta.masks.len() as u64 != n_masks {
             return Err(parse(format!(
                 "masks section says {n_masks} masks but its meta lists {}",
                 meta.masks.len()
             )));
         }
-        let arch = arch.ok_or_else(|| parse("masks section present but the header has no arch to size it"))?;
+        let arch = arch
+            .ok_or_else(|| parse("masks section present but the header has no arch to size it"))?;
         let intermediate = arch
             .intermediate_size
             .ok_or_else(|| parse("masks need arch.intermediate_size"))?;
@@ -224,9 +252,15 @@ impl Masks {
                 return Err(parse(format!("{who} appears twice")));
             }
             if m.blob_off % 8 != 0 {
-                return Err(bounds(format!("{who}: blob_off {} is not aligned to 8", m.blob_off)));
+                return Err(bounds(format!(
+                    "{who}: blob_off {} is not aligned to 8",
+                    m.blob_off
+                )));
             }
-            let end = m.blob_off.checked_add(m.blob_len).ok_or_else(|| bounds(format!("{who}: blob extent overflows")))?;
+            let end = m
+                .blob_off
+                .checked_add(m.blob_len)
+                .ok_or_else(|| bounds(format!("{who}: blob extent overflows")))?;
             if m.blob_off < meta_end || end > len {
                 return Err(bounds(format!(
                     "{who}: blob [{}, {end}) is outside the blob area [{meta_end}, {len})",
@@ -234,7 +268,9 @@ impl Masks {
                 )));
             }
             if m.has_expert_fields && experts == 0 {
-                return Err(parse(format!("{who} has expert fields but arch.moe is absent")));
+                return Err(parse(format!(
+                    "{who} has expert fields but arch.moe is absent"
+                )));
             }
             let layout = solve_layout(arch.num_layers, intermediate, heads, experts, m.has_expert_fields, m.blob_len, loop_masks)
                 .ok_or_else(|| {
@@ -257,7 +293,11 @@ impl Masks {
                 )));
             }
         }
-        let masks = Masks { meta, meta_json, layouts };
+        let masks = Masks {
+            meta,
+            meta_json,
+            layouts,
+        };
         // Tail bits beyond each dimension must be zero (otherwise popcounts see phantoms).
         for i in 0..masks.meta.masks.len() {
             let v = masks.view(section, i);
@@ -265,19 +305,35 @@ impl Masks {
             let who = || format!("mask {:?}", crate::format::escape_str(&v.record.name));
             for visit in 0..l.visits {
                 if v.ffn(visit).tail_bits() != 0 {
-                    return Err(parse(format!("{}: FFN row {visit} has bits set beyond {}", who(), l.intermediate)));
+                    return Err(parse(format!(
+                        "{}: FFN row {visit} has bits set beyond {}",
+                        who(),
+                        l.intermediate
+                    )));
                 }
                 if v.heads(visit).tail_bits() != 0 {
-                    return Err(parse(format!("{}: head row {visit} has bits set beyond {}", who(), l.heads)));
+                    return Err(parse(format!(
+                        "{}: head row {visit} has bits set beyond {}",
+                        who(),
+                        l.heads
+                    )));
                 }
                 if let Some(e) = v.experts(visit) {
                     if e.tail_bits() != 0 {
-                        return Err(parse(format!("{}: expert row {visit} has bits set beyond {}", who(), l.experts)));
+                        return Err(parse(format!(
+                            "{}: expert row {visit} has bits set beyond {}",
+                            who(),
+                            l.experts
+                        )));
                     }
                 }
             }
             if v.gates().tail_bits() != 0 {
-                return Err(parse(format!("{}: layer gates have bits set beyond {}", who(), l.layers)));
+                return Err(parse(format!(
+                    "{}: layer gates have bits set beyond {}",
+                    who(),
+                    l.layers
+                )));
             }
         }
         Ok(masks)
@@ -315,14 +371,31 @@ fn solve_layout(
     blob_len: u64,
     loop_masks: bool,
 ) -> Option<MaskLayout> {
-    let mut layout = MaskLayout { visits: layers, intermediate, heads, layers, experts, has_experts };
-    let per_visit = layout.ffn_bytes() + layout.head_bytes() + if has_experts { layout.expert_bytes() } else { 0 };
+    let mut layout = MaskLayout {
+        visits: layers,
+        intermediate,
+        heads,
+        layers,
+        experts,
+        has_experts,
+    };
+    let per_visit = layout.ffn_bytes()
+        + layout.head_bytes()
+        + if has_experts {
+            layout.expert_bytes()
+        } else {
+            0
+        };
     let rows_bytes = blob_len.checked_sub(layout.gate_bytes())?;
     if per_visit == 0 || rows_bytes % per_visit != 0 {
         return None;
     }
     let visits = rows_bytes / per_visit;
-    let ok = if loop_masks { layers > 0 && visits % layers == 0 && visits > 0 } else { visits == layers };
+    let ok = if loop_masks {
+        layers > 0 && visits % layers == 0 && visits > 0
+    } else {
+        visits == layers
+    };
     if !ok {
         return None;
     }
@@ -332,7 +405,11 @@ fn solve_layout(
 
 /// Builds a masks section from records and blobs (the writer's side). `blob_off` and
 /// `blob_len` of each record are assigned here.
-pub fn build_section(default_task: Option<String>, mut records: Vec<MaskRecord>, blobs: &[Vec<u8>]) -> Vec<u8> {
+pub fn build_section(
+    default_task: Option<String>,
+    mut records: Vec<MaskRecord>,
+    blobs: &[Vec<u8>],
+) -> Vec<u8> {
     assert_eq!(records.len(), blobs.len());
     // The meta's length depends on the offsets it contains: iterate to a fixed point.
     let mut meta_len = 0usize;
@@ -343,7 +420,11 @@ pub fn build_section(default_task: Option<String>, mut records: Vec<MaskRecord>,
             r.blob_len = b.len() as u64;
             at = (at + b.len() as u64).next_multiple_of(8);
         }
-        let meta = MaskMeta { default_task: default_task.clone(), masks: records.clone(), extra: Map::new() };
+        let meta = MaskMeta {
+            default_task: default_task.clone(),
+            masks: records.clone(),
+            extra: Map::new(),
+        };
         let bytes = serde_json::to_vec(&meta).expect("mask meta serializes");
         if bytes.len() == meta_len {
             let mut out = Vec::new();

@@ -41,5 +41,8 @@ pub fn escape_str(s: &str) -> String {
 
 /// Bytes shown as printable ASCII with `\xNN` escapes for everything else.
 pub fn escape_bytes(b: &[u8]) -> String {
-    b.iter().flat_map(|&c| std::ascii::escape_default(c)).map(char::from).collect()
+    b.iter()
+        .flat_map(|&c| std::ascii::escape_default(c))
+        .map(char::from)
+        .collect()
 }

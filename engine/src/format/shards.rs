@@ -98,7 +98,9 @@ impl CmfModel {
                     return Err(parse(format!(
                         "{} should be shard {no} of {count} but its header says {}",
                         p.display(),
-                        other.map(|s| format!("{} of {}", s.no, s.count)).unwrap_or_else(|| "it is not a shard".into())
+                        other
+                            .map(|s| format!("{} of {}", s.no, s.count))
+                            .unwrap_or_else(|| "it is not a shard".into())
                     )))
                 }
             }
@@ -123,7 +125,11 @@ impl CmfModel {
                 order.push(r);
             }
         }
-        Ok(CmfModel { shards, order, by_name })
+        Ok(CmfModel {
+            shards,
+            order,
+            by_name,
+        })
     }
 
     /// Shard 1: the one that carries header, masks, vocab, chat bundle and skills.
@@ -145,7 +151,9 @@ impl CmfModel {
 
     /// Every tensor in shard order, with the shard index.
     pub fn tensors(&self) -> impl Iterator<Item = (usize, &TensorEntry)> + '_ {
-        self.order.iter().map(|r| (r.shard, &self.shards[r.shard].directory.entries[r.index]))
+        self.order
+            .iter()
+            .map(|r| (r.shard, &self.shards[r.shard].directory.entries[r.index]))
     }
 
     pub fn get(&self, name: &str) -> Option<(usize, &TensorEntry)> {
@@ -174,7 +182,10 @@ mod tests {
             parse_shard_name(Path::new("/x/model-00002-of-00005.cmf")),
             Some(("model".into(), 2, 5))
         );
-        assert_eq!(parse_shard_name(Path::new("a-b-00001-of-00002.cmf")), Some(("a-b".into(), 1, 2)));
+        assert_eq!(
+            parse_shard_name(Path::new("a-b-00001-of-00002.cmf")),
+            Some(("a-b".into(), 1, 2))
+        );
         assert_eq!(parse_shard_name(Path::new("model.cmf")), None);
         assert_eq!(parse_shard_name(Path::new("model-1-of-2.cmf")), None);
     }

@@ -95,7 +95,11 @@ pub fn check_detached(path: &Path, bytes: &[u8], trusted: &[[u8; 32]]) -> Signat
     let text = match std::fs::read(&sp) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return SignatureStatus::Unsigned,
-        Err(e) => return SignatureStatus::Invalid { reason: format!("cannot read {}: {e}", sp.display()) },
+        Err(e) => {
+            return SignatureStatus::Invalid {
+                reason: format!("cannot read {}: {e}", sp.display()),
+            }
+        }
     };
     check_sig_bytes(&text, bytes, trusted)
 }
@@ -108,11 +112,21 @@ pub fn check_sig_bytes(sig_json: &[u8], bytes: &[u8], trusted: &[[u8; 32]]) -> S
         Err(e) => return invalid(format!("the .sig is not valid JSON of the §8.2 shape: {e}")),
     };
     if sig.alg != ALG {
-        return invalid(format!("algorithm {:?} is not {ALG}", super::escape_str(&sig.alg)));
+        return invalid(format!(
+            "algorithm {:?} is not {ALG}",
+            super::escape_str(&sig.alg)
+        ));
     }
-    let Some(pk) = hex32(&sig.pubkey) else { return invalid("pubkey is not 32 bytes of hex".into()) };
-    let Ok(vk) = VerifyingKey::from_bytes(&pk) else { return invalid("pubkey is not a valid Ed25519 point".into()) };
-    let Some(sig_bytes) = hex::decode(sig.sig.trim()).ok().and_then(|b| <[u8; 64]>::try_from(b).ok()) else {
+    let Some(pk) = hex32(&sig.pubkey) else {
+        return invalid("pubkey is not 32 bytes of hex".into());
+    };
+    let Ok(vk) = VerifyingKey::from_bytes(&pk) else {
+        return invalid("pubkey is not a valid Ed25519 point".into());
+    };
+    let Some(sig_bytes) = hex::decode(sig.sig.trim())
+        .ok()
+        .and_then(|b| <[u8; 64]>::try_from(b).ok())
+    else {
         return invalid("sig is not 64 bytes of hex".into());
     };
     let digest: [u8; 32] = Sha256::digest(bytes).into();
@@ -123,7 +137,10 @@ pub fn check_sig_bytes(sig_json: &[u8], bytes: &[u8], trusted: &[[u8; 32]]) -> S
             super::escape_str(&sig.sha256)
         ));
     }
-    if vk.verify(&digest, &Signature::from_bytes(&sig_bytes)).is_err() {
+    if vk
+        .verify(&digest, &Signature::from_bytes(&sig_bytes))
+        .is_err()
+    {
         return invalid("the Ed25519 signature does not verify for its public key".into());
     }
     let pubkey = hex::encode(pk);
@@ -142,14 +159,18 @@ pub fn load_or_create_key(key_path: &Path) -> Result<(SigningKey, bool)> {
     match std::fs::read_to_string(key_path) {
         Ok(text) => {
             let seed = hex32(&text).ok_or_else(|| {
-                FormatError::Parse(format!("{}: a key file holds a 32-byte seed as 64 hex digits", key_path.display()))
+                FormatError::Parse(format!(
+                    "{}: a key file holds a 32-byte seed as 64 hex digits",
+                    key_path.display()
+                ))
             })?;
             Ok((SigningKey::from_bytes(&seed), false))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let mut seed = [0u8; 32];
-            getrandom::fill(&mut seed)
-                .map_err(|e| FormatError::io("random seed", std::io::Error::other(e.to_string())))?;
+            getrandom::fill(&mut seed).map_err(|e| {
+                FormatError::io("random seed", std::io::Error::other(e.to_string()))
+            })?;
             let mut opts = std::fs::OpenOptions::new();
             opts.write(true).create_new(true);
             #[cfg(unix)]
@@ -157,7 +178,9 @@ pub fn load_or_create_key(key_path: &Path) -> Result<(SigningKey, bool)> {
                 use std::os::unix::fs::OpenOptionsExt;
                 opts.mode(0o600);
             }
-            let mut f = opts.open(key_path).map_err(|e| FormatError::io(format!("create {}", key_path.display()), e))?;
+            let mut f = opts
+                .open(key_path)
+                .map_err(|e| FormatError::io(format!("create {}", key_path.display()), e))?;
             f.write_all(format!("{}\n", hex::encode(seed)).as_bytes())
                 .and_then(|_| f.sync_all())
                 .map_err(|e| FormatError::io(format!("write {}", key_path.display()), e))?;
@@ -203,10 +226,25 @@ mod tests {
         let data = b"model bytes".to_vec();
         let sig = serde_json::to_vec(&sign_bytes(&key, &data)).unwrap();
         let pk = key.verifying_key().to_bytes();
-        assert!(matches!(check_sig_bytes(&sig, &data, &[]), SignatureStatus::SelfConsistent { .. }));
-        assert!(matches!(check_sig_bytes(&sig, &data, &[pk]), SignatureStatus::Trusted { .. }));
-        assert!(matches!(check_sig_bytes(&sig, &data, &[[1u8; 32]]), SignatureStatus::UntrustedKey { .. }));
-        assert!(matches!(check_sig_bytes(&sig, b"model byteS", &[]), SignatureStatus::Invalid { .. }));
-        assert!(matches!(check_sig_bytes(b"{", &data, &[]), SignatureStatus::Invalid { .. }));
+        assert!(matches!(
+            check_sig_bytes(&sig, &data, &[]),
+            SignatureStatus::SelfConsistent { .. }
+        ));
+        assert!(matches!(
+            check_sig_bytes(&sig, &data, &[pk]),
+            SignatureStatus::Trusted { .. }
+        ));
+        assert!(matches!(
+            check_sig_bytes(&sig, &data, &[[1u8; 32]]),
+            SignatureStatus::UntrustedKey { .. }
+        ));
+        assert!(matches!(
+            check_sig_bytes(&sig, b"model byteS", &[]),
+            SignatureStatus::Invalid { .. }
+        ));
+        assert!(matches!(
+            check_sig_bytes(b"{", &data, &[]),
+            SignatureStatus::Invalid { .. }
+        ));
     }
 }

@@ -24,13 +24,18 @@ pub fn skill_tensor_name(id: &str, base: &str) -> String {
 
 /// The base tensor name a skill tensor replaces, if `name` belongs to skill `id`.
 pub fn replaced_name<'a>(name: &'a str, id: &str) -> Option<&'a str> {
-    name.strip_prefix(PREFIX)?.strip_prefix(id)?.strip_prefix('.')
+    name.strip_prefix(PREFIX)?
+        .strip_prefix(id)?
+        .strip_prefix('.')
 }
 
 /// The directory entries of skill `id` with the base names they replace (a prefix filter:
 /// the per-skill delta index of §9 is the directory itself).
 pub fn skill_tensors<'a>(file: &'a CmfFile, id: &str) -> Vec<(&'a TensorEntry, &'a str)> {
-    file.directory.iter().filter_map(|e| replaced_name(&e.name, id).map(|b| (e, b))).collect()
+    file.directory
+        .iter()
+        .filter_map(|e| replaced_name(&e.name, id).map(|b| (e, b)))
+        .collect()
 }
 
 /// A replacement tensor to add: the base name it replaces and its encoded payload.
@@ -48,22 +53,36 @@ fn check_new_skill(file: &CmfFile, record: &SkillRecord, tensors: &[SkillTensor]
         ));
     }
     if record.id.is_empty() || record.id.contains(|c: char| c == '.' || c.is_control()) {
-        return Err(parse(format!("skill id {:?} must be non-empty, without dots", record.id)));
+        return Err(parse(format!(
+            "skill id {:?} must be non-empty, without dots",
+            record.id
+        )));
     }
     if record.base_dir_hash.is_some() {
         return Err(parse("a skill added to a model carries no base_dir_hash (that marks a standalone skill file)"));
     }
-    if file.header.skills.iter().flatten().any(|s| s.id == record.id) {
-        return Err(parse(format!("skill {:?} is already in the registry", record.id)));
+    if file
+        .header
+        .skills
+        .iter()
+        .flatten()
+        .any(|s| s.id == record.id)
+    {
+        return Err(parse(format!(
+            "skill {:?} is already in the registry",
+            record.id
+        )));
     }
     if tensors.is_empty() {
         return Err(parse("a skill needs at least one replacement tensor"));
     }
     for t in tensors {
-        let base = file
-            .directory
-            .get(&t.base_name)
-            .ok_or_else(|| parse(format!("skill tensor replaces {:?}, which the file does not have", t.base_name)))?;
+        let base = file.directory.get(&t.base_name).ok_or_else(|| {
+            parse(format!(
+                "skill tensor replaces {:?}, which the file does not have",
+                t.base_name
+            ))
+        })?;
         if base.shape != t.shape {
             return Err(parse(format!(
                 "skill tensor for {:?} has shape {:?}, the base tensor {:?} (replacements are full-shape)",
@@ -76,10 +95,20 @@ fn check_new_skill(file: &CmfFile, record: &SkillRecord, tensors: &[SkillTensor]
             Size::Opaque => false,
         };
         if !fits {
-            return Err(bounds(format!("skill tensor for {:?}: payload size does not fit {}", t.base_name, t.dtype)));
+            return Err(bounds(format!(
+                "skill tensor for {:?}: payload size does not fit {}",
+                t.base_name, t.dtype
+            )));
         }
-        if file.directory.get(&skill_tensor_name(&record.id, &t.base_name)).is_some() {
-            return Err(parse(format!("tensor {:?} already exists", skill_tensor_name(&record.id, &t.base_name))));
+        if file
+            .directory
+            .get(&skill_tensor_name(&record.id, &t.base_name))
+            .is_some()
+        {
+            return Err(parse(format!(
+                "tensor {:?} already exists",
+                skill_tensor_name(&record.id, &t.base_name)
+            )));
         }
     }
     Ok(())
@@ -91,15 +120,31 @@ fn check_new_skill(file: &CmfFile, record: &SkillRecord, tensors: &[SkillTensor]
 /// 128-byte envelope write the old envelope still describes a valid file, so an
 /// interrupted append loses nothing. The data section grows to cover the new tensors; old
 /// metadata sections become dead bytes.
-pub fn append_skill_in_place(path: &Path, record: SkillRecord, tensors: &[SkillTensor]) -> Result<u64> {
+pub fn append_skill_in_place(
+    path: &Path,
+    record: SkillRecord,
+    tensors: &[SkillTensor],
+) -> Result<u64> {
     let file = CmfFile::open(path)?;
     check_new_skill(&file, &record, tensors)?;
     let env = file.envelope.clone();
     let mut entries = file.directory.entries.clone();
     let mut header = file.header.clone();
-    header.skills.get_or_insert_with(Vec::new).push(record.clone());
-    let keep = |k: SectionKind| file.envelope.section(k).is_present().then(|| file.section_bytes(k).to_vec());
-    let (masks, vocab, index) = (keep(SectionKind::Masks), keep(SectionKind::Vocab), keep(SectionKind::Index));
+    header
+        .skills
+        .get_or_insert_with(Vec::new)
+        .push(record.clone());
+    let keep = |k: SectionKind| {
+        file.envelope
+            .section(k)
+            .is_present()
+            .then(|| file.section_bytes(k).to_vec())
+    };
+    let (masks, vocab, index) = (
+        keep(SectionKind::Masks),
+        keep(SectionKind::Vocab),
+        keep(SectionKind::Index),
+    );
     let mut pos = file.len();
     drop(file); // unmap before writing
 
@@ -107,15 +152,21 @@ pub fn append_skill_in_place(path: &Path, record: SkillRecord, tensors: &[SkillT
         let what = format!("{what} {}", path.display());
         move |e| FormatError::io(what, e)
     };
-    let mut f = OpenOptions::new().read(true).write(true).open(path).map_err(ioe("open for append"))?;
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(ioe("open for append"))?;
     f.seek(SeekFrom::Start(pos)).map_err(ioe("seek"))?;
-    let write_at = |f: &mut std::fs::File, pos: &mut u64, align: u64, bytes: &[u8]| -> Result<u64> {
-        let start = pos.next_multiple_of(align);
-        f.write_all(&vec![0u8; (start - *pos) as usize]).map_err(ioe("write"))?;
-        f.write_all(bytes).map_err(ioe("write"))?;
-        *pos = start + bytes.len() as u64;
-        Ok(start)
-    };
+    let write_at =
+        |f: &mut std::fs::File, pos: &mut u64, align: u64, bytes: &[u8]| -> Result<u64> {
+            let start = pos.next_multiple_of(align);
+            f.write_all(&vec![0u8; (start - *pos) as usize])
+                .map_err(ioe("write"))?;
+            f.write_all(bytes).map_err(ioe("write"))?;
+            *pos = start + bytes.len() as u64;
+            Ok(start)
+        };
     for t in tensors {
         let start = write_at(&mut f, &mut pos, TENSOR_ALIGN, t.bytes)?;
         entries.push(TensorEntry {
@@ -127,12 +178,18 @@ pub fn append_skill_in_place(path: &Path, record: SkillRecord, tensors: &[SkillT
             hash: hash64(t.bytes),
         });
     }
-    let data = Section { off: env.data.off, len: pos - env.data.off };
+    let data = Section {
+        off: env.data.off,
+        len: pos - env.data.off,
+    };
     let mut new_env = env.clone();
     new_env.data = data;
     let put = |f: &mut std::fs::File, pos: &mut u64, bytes: Option<&Vec<u8>>| -> Result<Section> {
         match bytes {
-            Some(b) => Ok(Section { off: write_at(f, pos, 8, b)?, len: b.len() as u64 }),
+            Some(b) => Ok(Section {
+                off: write_at(f, pos, 8, b)?,
+                len: b.len() as u64,
+            }),
             None => Ok(Section::default()),
         }
     };
@@ -150,7 +207,8 @@ pub fn append_skill_in_place(path: &Path, record: SkillRecord, tensors: &[SkillT
     }
     f.sync_all().map_err(ioe("sync"))?;
     f.seek(SeekFrom::Start(0)).map_err(ioe("seek"))?;
-    f.write_all(&new_env.to_bytes()).map_err(ioe("write the envelope of"))?;
+    f.write_all(&new_env.to_bytes())
+        .map_err(ioe("write the envelope of"))?;
     f.sync_all().map_err(ioe("sync"))?;
     // Re-open to prove the result is valid before reporting success.
     CmfFile::open(path)?;
@@ -159,7 +217,12 @@ pub fn append_skill_in_place(path: &Path, record: SkillRecord, tensors: &[SkillT
 
 /// Like [`append_skill_in_place`], but on a copy: `src` is copied to a temporary file
 /// beside `out`, grown there, and renamed onto `out`. The input is never touched.
-pub fn add_skill_to_copy(src: &Path, out: &Path, record: SkillRecord, tensors: &[SkillTensor]) -> Result<u64> {
+pub fn add_skill_to_copy(
+    src: &Path,
+    out: &Path,
+    record: SkillRecord,
+    tensors: &[SkillTensor],
+) -> Result<u64> {
     let dir = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -169,15 +232,22 @@ pub fn add_skill_to_copy(src: &Path, out: &Path, record: SkillRecord, tensors: &
         .suffix(".tmp")
         .tempfile_in(dir)
         .map_err(|e| FormatError::io(format!("create a temporary file in {}", dir.display()), e))?;
-    std::fs::copy(src, tmp.path()).map_err(|e| FormatError::io(format!("copy {}", src.display()), e))?;
+    std::fs::copy(src, tmp.path())
+        .map_err(|e| FormatError::io(format!("copy {}", src.display()), e))?;
     let end = append_skill_in_place(tmp.path(), record, tensors)?;
-    tmp.persist(out).map_err(|e| FormatError::io(format!("rename onto {}", out.display()), e.error))?;
+    tmp.persist(out)
+        .map_err(|e| FormatError::io(format!("rename onto {}", out.display()), e.error))?;
     Ok(end)
 }
 
 /// `skill export`: a standalone skill file (§9.1) holding skill `id` of `skilled`, bound to
 /// `base` (the file it will be applied to) by `base`'s directory hash.
-pub fn export_skill(skilled: &CmfFile, id: &str, base: &CmfFile, out: &Path) -> Result<WriteSummary> {
+pub fn export_skill(
+    skilled: &CmfFile,
+    id: &str,
+    base: &CmfFile,
+    out: &Path,
+) -> Result<WriteSummary> {
     let record = skilled
         .header
         .skills
@@ -187,15 +257,24 @@ pub fn export_skill(skilled: &CmfFile, id: &str, base: &CmfFile, out: &Path) -> 
         .ok_or_else(|| parse(format!("no skill {id:?} in the registry")))?;
     let tensors = skill_tensors(skilled, id);
     if tensors.is_empty() {
-        return Err(parse(format!("skill {id:?} has no tensors in the directory")));
+        return Err(parse(format!(
+            "skill {id:?} has no tensors in the directory"
+        )));
     }
     for (e, b) in &tensors {
         match base.directory.get(b) {
             Some(be) if be.shape == e.shape => {}
             Some(be) => {
-                return Err(parse(format!("base tensor {b:?} has shape {:?}, the skill {:?}", be.shape, e.shape)))
+                return Err(parse(format!(
+                    "base tensor {b:?} has shape {:?}, the skill {:?}",
+                    be.shape, e.shape
+                )))
             }
-            None => return Err(parse(format!("the base has no tensor {b:?} for the skill to replace"))),
+            None => {
+                return Err(parse(format!(
+                    "the base has no tensor {b:?} for the skill to replace"
+                )))
+            }
         }
     }
     let mut rec = record.clone();
@@ -206,7 +285,12 @@ pub fn export_skill(skilled: &CmfFile, id: &str, base: &CmfFile, out: &Path) -> 
     }
     let mut prov = serde_json::Map::new();
     if let Some(p) = &skilled.path {
-        prov.insert("cut_from".into(), p.file_name().map(|n| n.to_string_lossy().into_owned()).into());
+        prov.insert(
+            "cut_from".into(),
+            p.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .into(),
+        );
     }
     prov.insert("tensors".into(), tensors.len().into());
     rec.provenance = Some(serde_json::Value::Object(prov));
@@ -217,31 +301,53 @@ pub fn export_skill(skilled: &CmfFile, id: &str, base: &CmfFile, out: &Path) -> 
         header,
         tensors: tensors
             .iter()
-            .map(|(e, _)| TensorPlan { name: e.name.clone(), dtype: e.dtype, shape: e.shape.clone() })
+            .map(|(e, _)| TensorPlan {
+                name: e.name.clone(),
+                dtype: e.dtype,
+                shape: e.shape.clone(),
+            })
             .collect(),
         masks: None,
         vocab: None,
         index: None,
         extra_features: feature::SKILL_FILE,
     };
-    write_file(out, spec, tensors.iter().map(|(e, _)| skilled.tensor_bytes(e)))
+    write_file(
+        out,
+        spec,
+        tensors.iter().map(|(e, _)| skilled.tensor_bytes(e)),
+    )
 }
 
 /// `skill apply`: `base` plus the tensors and registry record of the standalone skill file
 /// `skill`, written to `out`. Refuses when the skill was cut for another base (directory
 /// hash differs) unless `force`.
-pub fn apply_skill(base: &CmfFile, skill: &CmfFile, out: &Path, force: bool) -> Result<WriteSummary> {
+pub fn apply_skill(
+    base: &CmfFile,
+    skill: &CmfFile,
+    out: &Path,
+    force: bool,
+) -> Result<WriteSummary> {
     if !skill.is_skill_file() {
-        return Err(parse("the skill argument is not a standalone skill file (SKILL_FILE is not set)"));
+        return Err(parse(
+            "the skill argument is not a standalone skill file (SKILL_FILE is not set)",
+        ));
     }
     if base.is_skill_file() {
         return Err(parse("the base is itself a skill file"));
     }
     let records = skill.header.skills.as_deref().unwrap_or_default();
     let [record] = records else {
-        return Err(parse(format!("a skill file carries one registry record, this one has {}", records.len())));
+        return Err(parse(format!(
+            "a skill file carries one registry record, this one has {}",
+            records.len()
+        )));
     };
-    let want = record.base_dir_hash.as_deref().and_then(parse_hex16).ok_or_else(|| parse("skill record has no valid base_dir_hash"))?;
+    let want = record
+        .base_dir_hash
+        .as_deref()
+        .and_then(parse_hex16)
+        .ok_or_else(|| parse("skill record has no valid base_dir_hash"))?;
     let have = base.directory_hash();
     if want != have && !force {
         return Err(parse(format!(
@@ -254,16 +360,37 @@ pub fn apply_skill(base: &CmfFile, skill: &CmfFile, out: &Path, force: bool) -> 
     applied.base_dir_hash = None;
     let mut tensors = Vec::new();
     for e in skill.directory.iter() {
-        let b = replaced_name(&e.name, &record.id)
-            .ok_or_else(|| parse(format!("tensor {:?} is not named skill.{}.*", super::escape_str(&e.name), record.id)))?;
-        tensors.push(SkillTensor { base_name: b.to_string(), dtype: e.dtype, shape: e.shape.clone(), bytes: skill.tensor_bytes(e) });
+        let b = replaced_name(&e.name, &record.id).ok_or_else(|| {
+            parse(format!(
+                "tensor {:?} is not named skill.{}.*",
+                super::escape_str(&e.name),
+                record.id
+            ))
+        })?;
+        tensors.push(SkillTensor {
+            base_name: b.to_string(),
+            dtype: e.dtype,
+            shape: e.shape.clone(),
+            bytes: skill.tensor_bytes(e),
+        });
     }
     check_new_skill(base, &applied, &tensors)?;
     let mut spec = super::writer::spec_of(base);
-    spec.header.skills.get_or_insert_with(Vec::new).push(applied);
+    spec.header
+        .skills
+        .get_or_insert_with(Vec::new)
+        .push(applied);
     for t in &tensors {
-        spec.tensors.push(TensorPlan { name: skill_tensor_name(&record.id, &t.base_name), dtype: t.dtype, shape: t.shape.clone() });
+        spec.tensors.push(TensorPlan {
+            name: skill_tensor_name(&record.id, &t.base_name),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+        });
     }
-    let payloads = base.directory.iter().map(|e| base.tensor_bytes(e)).chain(tensors.iter().map(|t| t.bytes));
+    let payloads = base
+        .directory
+        .iter()
+        .map(|e| base.tensor_bytes(e))
+        .chain(tensors.iter().map(|t| t.bytes));
     write_file(out, spec, payloads)
 }

@@ -53,7 +53,10 @@ pub enum LinkStatus {
 
 impl LinkStatus {
     pub fn is_failure(&self) -> bool {
-        matches!(self, LinkStatus::Mismatch { .. } | LinkStatus::Invalid { .. })
+        matches!(
+            self,
+            LinkStatus::Mismatch { .. } | LinkStatus::Invalid { .. }
+        )
     }
 }
 
@@ -132,7 +135,8 @@ pub fn hash64_parallel(bytes: &[u8]) -> u64 {
     if !tail.is_empty() {
         let mut t = [0u8; 8];
         t[..tail.len()].copy_from_slice(tail);
-        acc ^= fmix64(u64::from_le_bytes(t)) ^ ((whole / 8) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        acc ^= fmix64(u64::from_le_bytes(t))
+            ^ ((whole / 8) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
     fmix64(acc ^ bytes.len() as u64)
 }
@@ -142,16 +146,26 @@ fn check_hash(expected: u64, bytes: &[u8]) -> LinkStatus {
     if actual == expected {
         LinkStatus::Ok
     } else {
-        LinkStatus::Mismatch { expected: hex16(expected), actual: hex16(actual) }
+        LinkStatus::Mismatch {
+            expected: hex16(expected),
+            actual: hex16(actual),
+        }
     }
 }
 
 /// Runs the whole chain on an open file.
-pub fn verify(file: &CmfFile, opts: &VerifyOptions, on_event: &(dyn Fn(VerifyEvent) + Sync)) -> VerifyReport {
+pub fn verify(
+    file: &CmfFile,
+    opts: &VerifyOptions,
+    on_event: &(dyn Fn(VerifyEvent) + Sync),
+) -> VerifyReport {
     let env = &file.envelope;
     let entries = &file.directory.entries;
     let tensor_bytes: u64 = entries.iter().map(|e| e.nbytes).sum();
-    on_event(VerifyEvent::Started { tensors: entries.len(), tensor_bytes });
+    on_event(VerifyEvent::Started {
+        tensors: entries.len(),
+        tensor_bytes,
+    });
     let mut links: Vec<LinkResult> = Vec::new();
     let push = |links: &mut Vec<LinkResult>, link: Link, status: LinkStatus| {
         let r = LinkResult { link, status };
@@ -165,7 +179,9 @@ pub fn verify(file: &CmfFile, opts: &VerifyOptions, on_event: &(dyn Fn(VerifyEve
         (Link::Directory, SectionKind::Directory, env.dir_hash),
     ] {
         let status = if expected == 0 {
-            LinkStatus::Unchecked { reason: "the envelope records no hash (0)".into() }
+            LinkStatus::Unchecked {
+                reason: "the envelope records no hash (0)".into(),
+            }
         } else {
             check_hash(expected, file.section_bytes(kind))
         };
@@ -183,10 +199,14 @@ pub fn verify(file: &CmfFile, opts: &VerifyOptions, on_event: &(dyn Fn(VerifyEve
             _ => h.index.as_deref(),
         });
         let status = match recorded {
-            None => LinkStatus::Unchecked { reason: "section_hashes has no entry for it".into() },
+            None => LinkStatus::Unchecked {
+                reason: "section_hashes has no entry for it".into(),
+            },
             Some(hex) => match parse_hex16(hex) {
                 Some(h) => check_hash(h, file.section_bytes(kind)),
-                None => LinkStatus::Invalid { reason: format!("recorded hash {hex:?} is not 16 hex digits") },
+                None => LinkStatus::Invalid {
+                    reason: format!("recorded hash {hex:?} is not 16 hex digits"),
+                },
             },
         };
         push(&mut links, Link::Section { section: kind }, status);
@@ -215,10 +235,16 @@ pub fn verify(file: &CmfFile, opts: &VerifyOptions, on_event: &(dyn Fn(VerifyEve
             }
             let d = done.fetch_add(e.nbytes, Ordering::Relaxed) + e.nbytes;
             on_event(VerifyEvent::Checked(LinkResult {
-                link: Link::Tensor { index: i, name: e.name.clone() },
+                link: Link::Tensor {
+                    index: i,
+                    name: e.name.clone(),
+                },
                 status: status.clone(),
             }));
-            on_event(VerifyEvent::Progress { bytes_done: d, bytes_total: tensor_bytes });
+            on_event(VerifyEvent::Progress {
+                bytes_done: d,
+                bytes_total: tensor_bytes,
+            });
             (i, Some(status))
         })
         .collect();
@@ -227,7 +253,13 @@ pub fn verify(file: &CmfFile, opts: &VerifyOptions, on_event: &(dyn Fn(VerifyEve
     for (i, status) in results {
         if let Some(status) = status {
             tensors_checked += 1;
-            links.push(LinkResult { link: Link::Tensor { index: i, name: entries[i].name.clone() }, status });
+            links.push(LinkResult {
+                link: Link::Tensor {
+                    index: i,
+                    name: entries[i].name.clone(),
+                },
+                status,
+            });
         }
     }
     let was_cancelled = cancelled();
@@ -237,13 +269,23 @@ pub fn verify(file: &CmfFile, opts: &VerifyOptions, on_event: &(dyn Fn(VerifyEve
         if let Some(path) = &file.path {
             let st = signature::check_detached(path, file.bytes(), &opts.trusted_keys);
             let status = st.link_status();
-            on_event(VerifyEvent::Checked(LinkResult { link: Link::Signature, status: status.clone() }));
-            links.push(LinkResult { link: Link::Signature, status });
+            on_event(VerifyEvent::Checked(LinkResult {
+                link: Link::Signature,
+                status: status.clone(),
+            }));
+            links.push(LinkResult {
+                link: Link::Signature,
+                status,
+            });
             sig_status = Some(st);
         }
     }
 
-    let failures: Vec<LinkResult> = links.iter().filter(|l| l.status.is_failure()).cloned().collect();
+    let failures: Vec<LinkResult> = links
+        .iter()
+        .filter(|l| l.status.is_failure())
+        .cloned()
+        .collect();
     on_event(VerifyEvent::Finished);
     VerifyReport {
         ok: failures.is_empty() && !was_cancelled,
@@ -264,7 +306,9 @@ mod tests {
     #[test]
     fn parallel_hash_equals_serial() {
         for len in [0usize, 7, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 13] {
-            let data: Vec<u8> = (0..len).map(|i| (i as u32).wrapping_mul(2654435761) as u8).collect();
+            let data: Vec<u8> = (0..len)
+                .map(|i| (i as u32).wrapping_mul(2654435761) as u8)
+                .collect();
             assert_eq!(hash64_parallel(&data), hash64(&data), "len {len}");
         }
     }

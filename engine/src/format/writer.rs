@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 
 use super::directory::{Directory, TensorEntry, RECORD_LEN};
 use super::dtype::{DType, Size};
-use super::envelope::{feature, Envelope, Section, SectionKind, DATA_ALIGN, ENVELOPE_LEN, TENSOR_ALIGN, VERSION};
+use super::envelope::{
+    feature, Envelope, Section, SectionKind, DATA_ALIGN, ENVELOPE_LEN, TENSOR_ALIGN, VERSION,
+};
 use super::error::{bounds, parse, FormatError, Result};
 use super::file::CmfFile;
 use super::hash64::{hash64, hex16, Hash64};
@@ -78,11 +80,17 @@ impl TempTarget {
             .suffix(".tmp")
             .tempfile_in(dir)
             .map_err(io(dir, "create a temporary file in"))?;
-        Ok(TempTarget { tmp, target: target.to_path_buf() })
+        Ok(TempTarget {
+            tmp,
+            target: target.to_path_buf(),
+        })
     }
 
     fn commit(self) -> Result<()> {
-        self.tmp.as_file().sync_all().map_err(io(&self.target, "sync"))?;
+        self.tmp
+            .as_file()
+            .sync_all()
+            .map_err(io(&self.target, "sync"))?;
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -91,7 +99,9 @@ impl TempTarget {
                 .map_err(io(&self.target, "set permissions on"))?;
         }
         let target = self.target.clone();
-        self.tmp.persist(&target).map_err(|e| FormatError::io(format!("rename onto {}", target.display()), e.error))?;
+        self.tmp
+            .persist(&target)
+            .map_err(|e| FormatError::io(format!("rename onto {}", target.display()), e.error))?;
         Ok(())
     }
 }
@@ -99,7 +109,10 @@ impl TempTarget {
 /// Writes `bytes` to `path` atomically (temporary file + rename).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let t = TempTarget::new(path)?;
-    t.tmp.as_file().write_all(bytes).map_err(io(path, "write"))?;
+    t.tmp
+        .as_file()
+        .write_all(bytes)
+        .map_err(io(path, "write"))?;
     t.commit()
 }
 
@@ -129,10 +142,16 @@ impl StreamWriter {
                 return Err(parse(format!("tensor {:?}: ndim must be 1..=6", p.name)));
             }
             if p.shape.iter().any(|&d| d > u32::MAX as u64) {
-                return Err(bounds(format!("tensor {:?}: a dimension exceeds u32", p.name)));
+                return Err(bounds(format!(
+                    "tensor {:?}: a dimension exceeds u32",
+                    p.name
+                )));
             }
             if p.name.len() > u16::MAX as usize {
-                return Err(bounds(format!("tensor name of {} bytes exceeds u16", p.name.len())));
+                return Err(bounds(format!(
+                    "tensor name of {} bytes exceeds u16",
+                    p.name.len()
+                )));
             }
             if p.dtype.is_reserved() {
                 return Err(FormatError::UnsupportedFeature(format!(
@@ -140,9 +159,12 @@ impl StreamWriter {
                     p.name, p.dtype
                 )));
             }
-            p.dtype.size_for(&p.shape).map_err(|e| parse(format!("tensor {:?}: {e}", p.name)))?;
+            p.dtype
+                .size_for(&p.shape)
+                .map_err(|e| parse(format!("tensor {:?}: {e}", p.name)))?;
         }
-        let names: std::collections::HashSet<&str> = spec.tensors.iter().map(|p| p.name.as_str()).collect();
+        let names: std::collections::HashSet<&str> =
+            spec.tensors.iter().map(|p| p.name.as_str()).collect();
         if names.len() != spec.tensors.len() {
             return Err(parse("two planned tensors share a name"));
         }
@@ -164,7 +186,8 @@ impl StreamWriter {
         let file = target.tmp.reopen().map_err(io(path, "open"))?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
         // Envelope and directory are placeholders until `finish`.
-        out.write_all(&[0u8; ENVELOPE_LEN as usize]).map_err(io(path, "write"))?;
+        out.write_all(&[0u8; ENVELOPE_LEN as usize])
+            .map_err(io(path, "write"))?;
         out.write_all(&header_bytes).map_err(io(path, "write"))?;
         write_zeros(&mut out, data_off - dir_off).map_err(io(path, "write"))?;
         Ok(StreamWriter {
@@ -197,7 +220,11 @@ impl StreamWriter {
     /// Writes the next planned tensor from several pieces (e.g. a codec's sections).
     pub fn write_tensor_parts(&mut self, parts: &[&[u8]]) -> Result<()> {
         let i = self.entries.len();
-        let plan = self.plan.get(i).ok_or_else(|| bounds("more tensors written than planned"))?.clone();
+        let plan = self
+            .plan
+            .get(i)
+            .ok_or_else(|| bounds("more tensors written than planned"))?
+            .clone();
         let nbytes: u64 = parts.iter().map(|p| p.len() as u64).sum();
         let fits = match plan.dtype.size_for(&plan.shape).map_err(parse)? {
             Size::Exact(n) => nbytes == n,
@@ -240,15 +267,24 @@ impl StreamWriter {
                 self.plan.len()
             )));
         }
-        let data = Section { off: self.data_off, len: self.pos - self.data_off };
-        let section = |bytes: &Option<Vec<u8>>, out: &mut BufWriter<File>, pos: &mut u64| -> Result<Section> {
+        let data = Section {
+            off: self.data_off,
+            len: self.pos - self.data_off,
+        };
+        let section = |bytes: &Option<Vec<u8>>,
+                       out: &mut BufWriter<File>,
+                       pos: &mut u64|
+         -> Result<Section> {
             match bytes {
                 Some(b) if !b.is_empty() => {
                     let start = pos.next_multiple_of(8);
                     write_zeros(out, start - *pos).map_err(io(&path, "write"))?;
                     out.write_all(b).map_err(io(&path, "write"))?;
                     *pos = start + b.len() as u64;
-                    Ok(Section { off: start, len: b.len() as u64 })
+                    Ok(Section {
+                        off: start,
+                        len: b.len() as u64,
+                    })
                 }
                 _ => Ok(Section::default()),
             }
@@ -272,8 +308,14 @@ impl StreamWriter {
             version: VERSION,
             flags: 0,
             required_features: features,
-            header: Section { off: ENVELOPE_LEN, len: self.header_bytes.len() as u64 },
-            directory: Section { off: self.dir_off, len: self.dir_len },
+            header: Section {
+                off: ENVELOPE_LEN,
+                len: self.header_bytes.len() as u64,
+            },
+            directory: Section {
+                off: self.dir_off,
+                len: self.dir_len,
+            },
             data,
             masks,
             vocab,
@@ -282,11 +324,20 @@ impl StreamWriter {
             dir_hash: hash64(&dir_bytes),
         };
         self.out.flush().map_err(io(&path, "write"))?;
-        let file = self.out.into_inner().map_err(|e| FormatError::io(format!("write {}", path.display()), e.into_error()))?;
-        (&file).seek(SeekFrom::Start(self.dir_off)).map_err(io(&path, "seek"))?;
+        let file = self
+            .out
+            .into_inner()
+            .map_err(|e| FormatError::io(format!("write {}", path.display()), e.into_error()))?;
+        (&file)
+            .seek(SeekFrom::Start(self.dir_off))
+            .map_err(io(&path, "seek"))?;
         (&file).write_all(&dir_bytes).map_err(io(&path, "write"))?;
-        (&file).seek(SeekFrom::Start(0)).map_err(io(&path, "seek"))?;
-        (&file).write_all(&env.to_bytes()).map_err(io(&path, "write"))?;
+        (&file)
+            .seek(SeekFrom::Start(0))
+            .map_err(io(&path, "seek"))?;
+        (&file)
+            .write_all(&env.to_bytes())
+            .map_err(io(&path, "write"))?;
         drop(file);
         let summary = WriteSummary {
             path: path.clone(),
@@ -312,7 +363,11 @@ fn write_zeros(out: &mut impl Write, mut n: u64) -> std::io::Result<()> {
 }
 
 /// Writes a whole file from a spec and the tensor payloads in plan order.
-pub fn write_file<'a>(path: &Path, spec: WriteSpec, payloads: impl IntoIterator<Item = &'a [u8]>) -> Result<WriteSummary> {
+pub fn write_file<'a>(
+    path: &Path,
+    spec: WriteSpec,
+    payloads: impl IntoIterator<Item = &'a [u8]>,
+) -> Result<WriteSummary> {
     let mut w = StreamWriter::create(path, spec)?;
     for p in payloads {
         w.write_tensor(p)?;
@@ -323,30 +378,47 @@ pub fn write_file<'a>(path: &Path, spec: WriteSpec, payloads: impl IntoIterator<
 /// The spec that rewrites `file` as it is: header, tensors in directory order, masks,
 /// vocab and index sections carried through, LOOP_MASKS and SKILL_FILE kept.
 pub fn spec_of(file: &CmfFile) -> WriteSpec {
-    let section = |k: SectionKind| file.envelope.section(k).is_present().then(|| file.section_bytes(k).to_vec());
+    let section = |k: SectionKind| {
+        file.envelope
+            .section(k)
+            .is_present()
+            .then(|| file.section_bytes(k).to_vec())
+    };
     WriteSpec {
         header: file.header.clone(),
         tensors: file
             .directory
             .iter()
-            .map(|e| TensorPlan { name: e.name.clone(), dtype: e.dtype, shape: e.shape.clone() })
+            .map(|e| TensorPlan {
+                name: e.name.clone(),
+                dtype: e.dtype,
+                shape: e.shape.clone(),
+            })
             .collect(),
         masks: section(SectionKind::Masks),
         vocab: section(SectionKind::Vocab),
         index: section(SectionKind::Index),
-        extra_features: file.envelope.required_features & (feature::LOOP_MASKS | feature::SKILL_FILE),
+        extra_features: file.envelope.required_features
+            & (feature::LOOP_MASKS | feature::SKILL_FILE),
     }
 }
 
 /// `compact`: a plain tight rewrite of `file` into `out` (dead bytes and gaps dropped).
 pub fn compact(file: &CmfFile, out: &Path) -> Result<WriteSummary> {
     let spec = spec_of(file);
-    write_file(out, spec, file.directory.iter().map(|e| file.tensor_bytes(e)))
+    write_file(
+        out,
+        spec,
+        file.directory.iter().map(|e| file.tensor_bytes(e)),
+    )
 }
 
 /// `{base}-{no:05}-of-{count:05}.cmf` for an output path `base.cmf`.
 pub fn shard_name(out: &Path, no: u32, count: u32) -> PathBuf {
-    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let stem = out
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     out.with_file_name(format!("{stem}-{no:05}-of-{count:05}.cmf"))
 }
 
@@ -357,7 +429,9 @@ pub fn plan_shards(tensors: &[TensorPlan], max_bytes: u64) -> Vec<std::ops::Rang
     let mut start = 0;
     let mut acc = 0u64;
     for (i, t) in tensors.iter().enumerate() {
-        let sz = super::dtype::numel(&t.shape).unwrap_or(u64::MAX).saturating_mul(4);
+        let sz = super::dtype::numel(&t.shape)
+            .unwrap_or(u64::MAX)
+            .saturating_mul(4);
         if i > start && acc.saturating_add(sz) > max_bytes {
             out.push(start..i);
             start = i;

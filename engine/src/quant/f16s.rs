@@ -6,6 +6,7 @@
 
 use super::QuantError;
 use crate::format::dtype::DType;
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 /// Bytes per element.
@@ -50,13 +51,20 @@ pub(super) fn encode(dtype: DType, values: &[f32], out: &mut Vec<u8>) -> Result<
 }
 
 /// Decodes elements `start .. start + out.len()`.
-pub(super) fn decode_range(dtype: DType, bytes: &[u8], start: usize, out: &mut [f32]) -> Result<(), String> {
+pub(super) fn decode_range(
+    dtype: DType,
+    bytes: &[u8],
+    start: usize,
+    out: &mut [f32],
+) -> Result<(), String> {
     let size = elem_size(dtype);
     let range = start
         .checked_mul(size)
         .and_then(|a| Some((a, a.checked_add(out.len().checked_mul(size)?)?)))
         .ok_or("element range overflows")?;
-    let src = bytes.get(range.0..range.1).ok_or("element range lies outside the payload")?;
+    let src = bytes
+        .get(range.0..range.1)
+        .ok_or("element range lies outside the payload")?;
     match dtype {
         DType::F32 => {
             for (o, c) in out.iter_mut().zip(src.chunks_exact(4)) {
@@ -64,8 +72,14 @@ pub(super) fn decode_range(dtype: DType, bytes: &[u8], start: usize, out: &mut [
             }
         }
         DType::F16 => {
-            for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
-                *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
+            // Through an aligned buffer so `half` can use its vectorised (F16C) path.
+            let mut buf = [f16::ZERO; 256];
+            for (o, c) in out.chunks_mut(256).zip(src.chunks(512)) {
+                let h = &mut buf[..o.len()];
+                for (x, b) in h.iter_mut().zip(c.chunks_exact(2)) {
+                    *x = f16::from_le_bytes([b[0], b[1]]);
+                }
+                h.convert_to_f32_slice(o);
             }
         }
         _ => {

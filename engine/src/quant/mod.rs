@@ -27,6 +27,16 @@ pub mod q4;
 pub mod q8;
 pub mod vbit;
 
+/// The byte layouts of every codec in one place: offset structs, constants, and
+/// [`validate`], which checks a payload against them.
+pub mod layout {
+    pub use super::q1::{Q1sLayout, Q1tLayout, Q1S_ENTRY, Q1T_ENTRY, Q1T_TILE, Q1_TILE};
+    pub use super::q4::{Q4tpLayout, LADDER, NIBBLE_BYTES, TILE_BYTES};
+    pub use super::q8::Q8Layout;
+    pub use super::validate;
+    pub use super::vbit::{VbitLayout, ALLOWED_BITS};
+}
+
 #[cfg(test)]
 mod fixture_tests;
 #[cfg(test)]
@@ -124,7 +134,8 @@ pub fn geometry(dtype: DType, shape: &[u64]) -> Result<Geom, QuantError> {
         0 => (1, 1),
         1 => (1, shape[0]),
         _ => {
-            let rest = numel(&shape[1..]).ok_or_else(|| unsupported("shape product overflows".into()))?;
+            let rest =
+                numel(&shape[1..]).ok_or_else(|| unsupported("shape product overflows".into()))?;
             (shape[0], rest)
         }
     };
@@ -182,24 +193,52 @@ pub fn decode(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<Vec<f32>, Qua
     validate(dtype, shape, bytes)?;
     let g = geometry(dtype, shape)?;
     let mut out = alloc_f32(dtype, g.numel)?;
+    decode_validated(dtype, shape, g, bytes, &mut out)?;
+    Ok(out)
+}
+
+/// [`decode`] into a caller's buffer (`out.len()` must be the element count), so that
+/// repeated decodes (a UI's tensor statistics) reuse one allocation.
+pub fn decode_into(
+    dtype: DType,
+    shape: &[u64],
+    bytes: &[u8],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    validate(dtype, shape, bytes)?;
+    let g = geometry(dtype, shape)?;
+    if out.len() != g.numel {
+        return Err(QuantError::InvalidArgument {
+            dtype,
+            reason: format!(
+                "output holds {} values, the tensor has {}",
+                out.len(),
+                g.numel
+            ),
+        });
+    }
+    decode_validated(dtype, shape, g, bytes, out)
+}
+
+fn decode_validated(
+    dtype: DType,
+    shape: &[u64],
+    g: Geom,
+    bytes: &[u8],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
     match dtype {
-        DType::F32 | DType::F16 | DType::Bf16 => f16s::decode_range(dtype, bytes, 0, &mut out),
-        DType::Q8Row => q8::decode_q8_row(g, bytes, &mut out),
-        DType::Q8_2f => q8::decode_q8_2f(g, bytes, &mut out),
-        DType::Q4Block | DType::Q4Tiled => q4::decode_range(dtype, g, bytes, 0, &mut out),
-        DType::Q4tp => q4::decode_q4tp(g, bytes, &mut out),
-        DType::Vbit | DType::VbitRo => vbit::decode(dtype, g, bytes, &mut out),
-        DType::Q1 | DType::Q1s => q1::decode_q1_family(dtype, g, bytes, &mut out),
-        DType::Q1t => q1::decode_q1t(g, bytes, &mut out),
+        DType::F32 | DType::F16 | DType::Bf16 => f16s::decode_range(dtype, bytes, 0, out),
+        DType::Q8Row => q8::decode_q8_row(g, bytes, out),
+        DType::Q8_2f => q8::decode_q8_2f(g, bytes, out),
+        DType::Q4Block | DType::Q4Tiled => q4::decode_range(dtype, g, bytes, 0, out),
+        DType::Q4tp => q4::decode_q4tp(g, bytes, out),
+        DType::Vbit | DType::VbitRo => vbit::decode(dtype, g, bytes, out),
+        DType::Q1 | DType::Q1s => q1::decode_q1_family(dtype, g, bytes, out),
+        DType::Q1t => q1::decode_q1t(g, bytes, out),
         DType::Mix8_4 | DType::U8 | DType::Q4Col => return Err(QuantError::Reserved { dtype }),
     }
-    .map_err(|reason| QuantError::Inconsistent {
-        dtype,
-        shape: shape.to_vec(),
-        nbytes: bytes.len(),
-        reason,
-    })?;
-    Ok(out)
+    .map_err(|reason| inconsistent(dtype, shape, bytes, reason))
 }
 
 /// Decodes row `row` into `out` (`out.len()` must be the row length), reading only that
@@ -269,11 +308,19 @@ pub fn encode(
     if values.len() != g.numel {
         return Err(QuantError::InvalidArgument {
             dtype,
-            reason: format!("shape {shape:?} has {} elements, got {} values", g.numel, values.len()),
+            reason: format!(
+                "shape {shape:?} has {} elements, got {} values",
+                g.numel,
+                values.len()
+            ),
         });
     }
     if let Some((index, &value)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-        return Err(QuantError::NonFinite { dtype, index, value });
+        return Err(QuantError::NonFinite {
+            dtype,
+            index,
+            value,
+        });
     }
     let size = match dtype.size_for(shape) {
         Ok(Size::Exact(n)) | Ok(Size::AtLeast(n)) => n,
@@ -372,7 +419,8 @@ pub fn error_bounds(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<Vec<f32
     // The decoded values are needed for the float dtypes and overlays.
     match dtype {
         DType::F32 | DType::F16 | DType::Bf16 => {
-            f16s::decode_range(dtype, bytes, 0, &mut out).map_err(|r| inconsistent(dtype, shape, bytes, r))?;
+            f16s::decode_range(dtype, bytes, 0, &mut out)
+                .map_err(|r| inconsistent(dtype, shape, bytes, r))?;
             for v in out.iter_mut() {
                 *v = f16s::rounding_bound(dtype, *v);
             }
@@ -399,20 +447,22 @@ fn inconsistent(dtype: DType, shape: &[u64], bytes: &[u8], reason: String) -> Qu
 
 fn alloc_f32(dtype: DType, n: usize) -> Result<Vec<f32>, QuantError> {
     let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| QuantError::InvalidArgument {
-        dtype,
-        reason: format!("cannot allocate {n} f32 values"),
-    })?;
+    v.try_reserve_exact(n)
+        .map_err(|_| QuantError::InvalidArgument {
+            dtype,
+            reason: format!("cannot allocate {n} f32 values"),
+        })?;
     v.resize(n, 0.0);
     Ok(v)
 }
 
 fn alloc_bytes(dtype: DType, n: usize) -> Result<Vec<u8>, QuantError> {
     let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| QuantError::InvalidArgument {
-        dtype,
-        reason: format!("cannot allocate a {n}-byte payload"),
-    })?;
+    v.try_reserve_exact(n)
+        .map_err(|_| QuantError::InvalidArgument {
+            dtype,
+            reason: format!("cannot allocate a {n}-byte payload"),
+        })?;
     Ok(v)
 }
 

@@ -102,7 +102,10 @@ pub(super) fn encode_q8_2f(g: Geom, values: &[f32], out: &mut Vec<u8>) -> Result
     for r in 0..g.rows {
         let row = &values[r * g.cols..(r + 1) * g.cols];
         // The largest code is set by the largest |w| / col, not the largest |w|.
-        let m = row.iter().zip(&col).fold(0.0f32, |m, (w, c)| m.max(w.abs() / c));
+        let m = row
+            .iter()
+            .zip(&col)
+            .fold(0.0f32, |m, (w, c)| m.max(w.abs() / c));
         let s = round_scale(DType::Q8_2f, m / Q8_MAX, Q8_MAX)?;
         let sf = s.to_f32();
         quantize_i8(row, out, |i| sf * col[i]);
@@ -116,7 +119,8 @@ pub(super) fn encode_q8_2f(g: Geom, values: &[f32], out: &mut Vec<u8>) -> Result
 }
 
 fn row_scale(bytes: &[u8], l: Q8Layout, row: usize) -> Result<f32, String> {
-    rd_f16(bytes, l.scales + 2 * row).ok_or_else(|| format!("scale of row {row} lies outside the payload"))
+    rd_f16(bytes, l.scales + 2 * row)
+        .ok_or_else(|| format!("scale of row {row} lies outside the payload"))
 }
 
 fn row_codes(bytes: &[u8], g: Geom, row: usize) -> Result<&[u8], String> {
@@ -135,7 +139,12 @@ fn col_field(bytes: &[u8], g: Geom, l: Q8Layout) -> Result<Vec<f32>, String> {
         .collect())
 }
 
-pub(super) fn decode_q8_row_row(g: Geom, bytes: &[u8], row: usize, out: &mut [f32]) -> Result<(), String> {
+pub(super) fn decode_q8_row_row(
+    g: Geom,
+    bytes: &[u8],
+    row: usize,
+    out: &mut [f32],
+) -> Result<(), String> {
     let s = row_scale(bytes, Q8Layout::new(g), row)?;
     for (o, &q) in out.iter_mut().zip(row_codes(bytes, g, row)?) {
         *o = q as i8 as f32 * s;
@@ -150,7 +159,13 @@ pub(super) fn decode_q8_row(g: Geom, bytes: &[u8], out: &mut [f32]) -> Result<()
     Ok(())
 }
 
-fn decode_2f_with(g: Geom, bytes: &[u8], col: &[f32], row: usize, out: &mut [f32]) -> Result<(), String> {
+fn decode_2f_with(
+    g: Geom,
+    bytes: &[u8],
+    col: &[f32],
+    row: usize,
+    out: &mut [f32],
+) -> Result<(), String> {
     let s = row_scale(bytes, Q8Layout::new(g), row)?;
     for ((o, &q), &c) in out.iter_mut().zip(row_codes(bytes, g, row)?).zip(col) {
         *o = q as i8 as f32 * s * c;
@@ -158,9 +173,26 @@ fn decode_2f_with(g: Geom, bytes: &[u8], col: &[f32], row: usize, out: &mut [f32
     Ok(())
 }
 
-pub(super) fn decode_q8_2f_row(g: Geom, bytes: &[u8], row: usize, out: &mut [f32]) -> Result<(), String> {
-    let col = col_field(bytes, g, Q8Layout::new(g))?;
-    decode_2f_with(g, bytes, &col, row, out)
+/// One row, reading the column field in place (no allocation).
+pub(super) fn decode_q8_2f_row(
+    g: Geom,
+    bytes: &[u8],
+    row: usize,
+    out: &mut [f32],
+) -> Result<(), String> {
+    let l = Q8Layout::new(g);
+    let s = row_scale(bytes, l, row)?;
+    let col = bytes
+        .get(l.col_field..l.col_field + 2 * g.cols)
+        .ok_or("column field lies outside the payload")?;
+    for ((o, &q), c) in out
+        .iter_mut()
+        .zip(row_codes(bytes, g, row)?)
+        .zip(col.chunks_exact(2))
+    {
+        *o = q as i8 as f32 * s * half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+    }
+    Ok(())
 }
 
 pub(super) fn decode_q8_2f(g: Geom, bytes: &[u8], out: &mut [f32]) -> Result<(), String> {
@@ -207,7 +239,10 @@ mod tests {
         assert_eq!(b[0] as i8, 127);
         assert_eq!(b[1] as i8, -64);
         assert_eq!(&b[2..4], &[0, 0]);
-        assert_eq!(half::f16::from_le_bytes([b[4], b[5]]), half::f16::from_f32(1.0 / 127.0));
+        assert_eq!(
+            half::f16::from_le_bytes([b[4], b[5]]),
+            half::f16::from_f32(1.0 / 127.0)
+        );
         assert_eq!(&b[6..8], &[0, 0], "zero row → scale 0");
         let d = decode(DType::Q8Row, &[2, 2], &b).unwrap();
         assert_eq!(d[2..], [0.0, 0.0]);
@@ -218,7 +253,10 @@ mod tests {
         // s = 1 exactly (absmax 127): 2.5 → 2, 3.5 → 4, −2.5 → −2.
         let v = [127.0f32, 2.5, 3.5, -2.5];
         let b = encode(DType::Q8Row, &[1, 4], &v, &EncodeOptions::default()).unwrap();
-        assert_eq!(b[..4].iter().map(|&x| x as i8).collect::<Vec<_>>(), vec![127, 2, 4, -2]);
+        assert_eq!(
+            b[..4].iter().map(|&x| x as i8).collect::<Vec<_>>(),
+            vec![127, 2, 4, -2]
+        );
     }
 
     #[test]
@@ -234,7 +272,13 @@ mod tests {
 
     #[test]
     fn q8_refuses_scale_overflow() {
-        let e = encode(DType::Q8Row, &[1, 2], &[1e9, 0.0], &EncodeOptions::default()).unwrap_err();
+        let e = encode(
+            DType::Q8Row,
+            &[1, 2],
+            &[1e9, 0.0],
+            &EncodeOptions::default(),
+        )
+        .unwrap_err();
         assert!(matches!(e, QuantError::OutOfRange { .. }), "{e}");
     }
 }

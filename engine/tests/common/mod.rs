@@ -6,7 +6,9 @@ use std::path::PathBuf;
 /// `../shared/fixtures/<rel>` from the project root. Panics with how to get it when missing:
 /// a test whose oracle is absent must fail, not pass.
 pub fn fixture(rel: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures").join(rel);
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/fixtures")
+        .join(rel);
     assert!(
         p.exists(),
         "fixture {} is missing: the tests need the shared fixtures checked out at ../shared/fixtures (beside the project root)",
@@ -24,6 +26,11 @@ pub fn cmf_fixtures() -> Vec<PathBuf> {
         .filter(|p| p.extension().is_some_and(|e| e == "cmf"))
         .collect();
     v.sort();
-    assert!(v.len() >= 13, "expected the 13 reference .cmf fixtures in {}, found {}", dir.display(), v.len());
+    assert!(
+        v.len() >= 13,
+        "expected the 13 reference .cmf fixtures in {}, found {}",
+        dir.display(),
+        v.len()
+    );
     v
 }

@@ -1,0 +1,435 @@
+//! 4-bit codecs: `q4_block` (id 4), `q4_tiled` (id 11), `q4tp` (id 15).
+//!
+//! All three store a group of 32 weights as 16 nibble bytes: byte `k` of a group holds
+//! element `2k` in its low nibble and `2k+1` in its high nibble, and `w = (q − 8)·scale`.
+//! They differ in where the scale lives:
+//!
+//! ```text
+//! q4_block: [nibbles: G·16][f16 scale: G]          G = ceil(numel/32), flattened, zero padded
+//! q4_tiled: G × [f16 scale][16 nibble bytes]       (18-byte tiles, same grouping)
+//! q4tp    : [nibbles: rows·gpr·16]                 2-D, cols % 32 == 0, gpr = cols/32,
+//!           [per row: f16 lo, f16 step]            tile (r,g) at (r·gpr + g)·16
+//!           [per row: ceil(5·gpr/8) bytes]         5-bit codes, LSB first, code g at bit 5g
+//! ```
+//!
+//! `q4tp` scale of group g of row r: `t[code]` of the row's 32-rung ladder
+//! `t[0] = 2^lo`, `t[c] = t[c−1]·2^step`, evaluated iteratively in f32.
+//!
+//! Encoders: `q4_block`/`q4_tiled` use `scale = f16(absmax/7)`; nibbles are
+//! `clamp(round_ties_even(w/scale) + 8, 0, 15)` with the rounded scale; a zero group has
+//! scale 0 and nibbles 8; padding elements of the last group are nibble 8.
+
+use super::{absmax, rd_f16, round_scale, step_error_bound, Geom, QuantError, BOUND_SLACK};
+use crate::format::dtype::DType;
+use half::f16;
+
+/// Elements per group.
+pub const GROUP: usize = crate::format::dtype::GROUP as usize;
+/// Nibble bytes per group.
+pub const NIBBLE_BYTES: usize = GROUP / 2;
+/// Bytes per `q4_tiled` tile: f16 scale + 16 nibble bytes.
+pub const TILE_BYTES: usize = 2 + NIBBLE_BYTES;
+/// Largest positive code magnitude (`q − 8` for `q = 15`): scales are `absmax / 7`.
+pub const Q4_MAX: f32 = 7.0;
+/// Rungs of a `q4tp` scale ladder (5-bit codes).
+pub const LADDER: usize = 32;
+
+/// Quantizes up to 32 values with step `t` into nibble bytes (missing elements → 8).
+fn pack_nibbles(vals: &[f32], t: f32) -> [u8; NIBBLE_BYTES] {
+    let mut out = [0x88u8; NIBBLE_BYTES];
+    if !(t > 0.0 && t.is_finite()) {
+        return out;
+    }
+    for (k, &w) in vals.iter().enumerate().take(GROUP) {
+        let q = ((w / t).round_ties_even() + 8.0).clamp(0.0, 15.0) as u8;
+        let shift = 4 * (k % 2);
+        out[k / 2] = (out[k / 2] & !(0xF << shift)) | (q << shift);
+    }
+    out
+}
+
+/// Decodes the 32 nibbles of `nib` (16 bytes) with step `t`.
+fn unpack_nibbles(nib: &[u8], t: f32, out: &mut [f32; GROUP]) {
+    for (k, &b) in nib.iter().enumerate().take(NIBBLE_BYTES) {
+        out[2 * k] = ((b & 0xF) as i32 - 8) as f32 * t;
+        out[2 * k + 1] = ((b >> 4) as i32 - 8) as f32 * t;
+    }
+}
+
+/// `q4_block` / `q4_tiled` encoder (flattened groups of 32).
+pub(super) fn encode_grouped(
+    dtype: DType,
+    values: &[f32],
+    out: &mut Vec<u8>,
+) -> Result<(), QuantError> {
+    let groups = values.len().div_ceil(GROUP);
+    let mut scales = Vec::with_capacity(if dtype == DType::Q4Block {
+        2 * groups
+    } else {
+        0
+    });
+    for grp in values.chunks(GROUP) {
+        let s = round_scale(dtype, absmax(grp) / Q4_MAX, Q4_MAX)?;
+        let nib = pack_nibbles(grp, s.to_f32());
+        if dtype == DType::Q4Block {
+            out.extend_from_slice(&nib);
+            scales.extend_from_slice(&s.to_le_bytes());
+        } else {
+            out.extend_from_slice(&s.to_le_bytes());
+            out.extend_from_slice(&nib);
+        }
+    }
+    out.extend_from_slice(&scales);
+    Ok(())
+}
+
+/// Scale and nibble bytes of group `gi` of a `q4_block` / `q4_tiled` payload.
+fn group_of(dtype: DType, bytes: &[u8], groups: usize, gi: usize) -> Option<(f32, &[u8])> {
+    if dtype == DType::Q4Block {
+        let nib = bytes
+            .get(gi.checked_mul(NIBBLE_BYTES)?..)?
+            .get(..NIBBLE_BYTES)?;
+        let s = rd_f16(
+            bytes,
+            groups
+                .checked_mul(NIBBLE_BYTES)?
+                .checked_add(gi.checked_mul(2)?)?,
+        )?;
+        Some((s, nib))
+    } else {
+        let tile = bytes
+            .get(gi.checked_mul(TILE_BYTES)?..)?
+            .get(..TILE_BYTES)?;
+        Some((rd_f16(tile, 0)?, &tile[2..]))
+    }
+}
+
+/// Decodes flat elements `start .. start + out.len()` of a `q4_block` / `q4_tiled` tensor,
+/// touching only the groups they fall in.
+pub(super) fn decode_range(
+    dtype: DType,
+    g: Geom,
+    bytes: &[u8],
+    start: usize,
+    out: &mut [f32],
+) -> Result<(), String> {
+    let groups = g.numel.div_ceil(GROUP);
+    let mut tmp = [0.0f32; GROUP];
+    let mut pos = start;
+    let mut done = 0;
+    while done < out.len() {
+        let gi = pos / GROUP;
+        let (s, nib) = group_of(dtype, bytes, groups, gi)
+            .ok_or_else(|| format!("group {gi} lies outside the payload"))?;
+        unpack_nibbles(nib, s, &mut tmp);
+        let from = pos % GROUP;
+        let take = (GROUP - from).min(out.len() - done);
+        out[done..done + take].copy_from_slice(&tmp[from..from + take]);
+        done += take;
+        pos += take;
+    }
+    Ok(())
+}
+
+// ---- q4tp --------------------------------------------------------------------------------
+
+/// Byte offsets of a `q4tp` payload.
+#[derive(Clone, Copy, Debug)]
+pub struct Q4tpLayout {
+    /// Groups per row (`cols / 32`).
+    pub gpr: usize,
+    /// Start of the per-row `(f16 lo, f16 step)` pairs (= `rows·gpr·16`).
+    pub params: usize,
+    /// Start of the per-row code bytes (= `params + 4·rows`).
+    pub codes: usize,
+    /// Code bytes per row: `ceil(5·gpr/8)`.
+    pub code_bytes: usize,
+}
+
+impl Q4tpLayout {
+    pub fn new(g: Geom) -> Q4tpLayout {
+        // Only used once size_for(shape) is known to fit in memory (validated payload or
+        // allocated output), so these products cannot overflow.
+        let gpr = g.cols / GROUP;
+        let params = g.rows * gpr * NIBBLE_BYTES;
+        Q4tpLayout {
+            gpr,
+            params,
+            codes: params + 4 * g.rows,
+            code_bytes: (5 * gpr).div_ceil(8),
+        }
+    }
+}
+
+/// The 32-rung scale ladder of a row, computed exactly as §3.2 prescribes: `t[0] = 2^lo`,
+/// `t[c] = t[c−1]·2^step`, iteratively in f32. Encoder and decoder both call this, so the
+/// scales they use are bit-identical.
+pub fn ladder(lo: f16, step: f16) -> [f32; LADDER] {
+    let mut t = [0.0f32; LADDER];
+    t[0] = lo.to_f32().exp2();
+    let m = step.to_f32().exp2();
+    for c in 1..LADDER {
+        t[c] = t[c - 1] * m;
+    }
+    t
+}
+
+/// Reads 5-bit code `gi` from a row's code bytes (LSB first, may straddle two bytes).
+fn read_code(codes: &[u8], gi: usize) -> Option<usize> {
+    let p = 5 * gi;
+    let lo = *codes.get(p / 8)? as u16;
+    let hi = codes.get(p / 8 + 1).copied().unwrap_or(0) as u16;
+    Some((((hi << 8) | lo) >> (p % 8)) as usize & 31)
+}
+
+fn write_code(codes: &mut [u8], gi: usize, code: u8) {
+    let p = 5 * gi;
+    let v = (code as u16 & 31) << (p % 8);
+    codes[p / 8] |= v as u8;
+    if let Some(b) = codes.get_mut(p / 8 + 1) {
+        *b |= (v >> 8) as u8;
+    }
+}
+
+/// Smallest f16 ≥ `x` (x ≥ 0, small): rounding the step up guarantees the top rung reaches
+/// the row's largest ideal scale, so no group is forced onto a rung below what it needs.
+fn f16_round_up(x: f64) -> f16 {
+    let h = f16::from_f64(x);
+    if h.to_f64() < x {
+        f16::from_bits(h.to_bits() + 1)
+    } else {
+        h
+    }
+}
+
+fn sse(grp: &[f32], t: f32) -> f64 {
+    let nib = pack_nibbles(grp, t);
+    let mut dec = [0.0f32; GROUP];
+    unpack_nibbles(&nib, if t.is_finite() { t } else { 0.0 }, &mut dec);
+    grp.iter()
+        .zip(&dec)
+        .map(|(&w, &d)| ((w - d) as f64).powi(2))
+        .sum()
+}
+
+/// The rung of `t` for a group with largest magnitude `amax`.
+///
+/// Rungs with `7.5·t ≥ amax` are "feasible": every element then rounds to within half a
+/// step (the largest positive one may round to code 8 and clamp to 7, which still misses by
+/// at most `t/2`). Among the first three feasible rungs we keep the one with the lowest
+/// squared error (ties → lower code): the smallest feasible rung is usually best, but the
+/// rounding pattern of a particular group can favour the next one. If no rung is feasible
+/// (only possible when the ladder underflows to f32 subnormals) the lowest-SSE rung wins.
+fn choose_rung(grp: &[f32], amax: f32, t: &[f32; LADDER]) -> usize {
+    if amax == 0.0 {
+        return 0;
+    }
+    let ok = |k: usize| t[k].is_finite() && t[k] > 0.0 && 7.5 * t[k] as f64 >= amax as f64;
+    let first = (0..LADDER).find(|&k| ok(k));
+    let (from, to) = match first {
+        Some(k0) => (k0, (k0 + 2).min(LADDER - 1)),
+        None => (0, LADDER - 1),
+    };
+    let mut best = (f64::INFINITY, from);
+    for (k, &step) in t.iter().enumerate().take(to + 1).skip(from) {
+        if !step.is_finite() || (first.is_some() && !ok(k)) {
+            continue;
+        }
+        let e = sse(grp, step);
+        if e < best.0 {
+            best = (e, k);
+        }
+    }
+    best.1
+}
+
+/// `q4tp` encoder. Per row: the ideal group scales `s_g = absmax_g / 7`; `lo` = the exact
+/// minimum of `log2 s_g` over the non-zero groups rounded to the nearest f16; `step` =
+/// `(max log2 s_g − lo) / 31` rounded *up* to f16 (§3.2: both rounded before any code is
+/// chosen); then each group's rung by [`choose_rung`] on the ladder the decoder will build,
+/// and its nibbles with that rung. An all-zero row stores `lo = step = 0`, codes 0,
+/// nibbles 8.
+pub(super) fn encode_q4tp(g: Geom, values: &[f32], out: &mut Vec<u8>) -> Result<(), QuantError> {
+    let l = Q4tpLayout::new(g);
+    let mut params = Vec::with_capacity(4 * g.rows);
+    let mut codes = vec![0u8; g.rows * l.code_bytes];
+    let mut amax = vec![0.0f32; l.gpr];
+    for r in 0..g.rows {
+        let row = &values[r * g.cols..(r + 1) * g.cols];
+        for (m, grp) in amax.iter_mut().zip(row.chunks_exact(GROUP)) {
+            *m = absmax(grp);
+        }
+        let (mut min, mut max) = (f64::INFINITY, f64::NEG_INFINITY);
+        for &m in amax.iter().filter(|&&m| m > 0.0) {
+            let lg = (m as f64 / 7.0).log2();
+            min = min.min(lg);
+            max = max.max(lg);
+        }
+        let (lo, step) = if min.is_finite() {
+            let lo = f16::from_f64(min);
+            (lo, f16_round_up(((max - lo.to_f64()) / 31.0).max(0.0)))
+        } else {
+            (f16::ZERO, f16::ZERO)
+        };
+        let t = ladder(lo, step);
+        let row_codes = &mut codes[r * l.code_bytes..(r + 1) * l.code_bytes];
+        for (gi, grp) in row.chunks_exact(GROUP).enumerate() {
+            let k = choose_rung(grp, amax[gi], &t);
+            write_code(row_codes, gi, k as u8);
+            let step = if amax[gi] == 0.0 { 0.0 } else { t[k] };
+            out.extend_from_slice(&pack_nibbles(grp, step));
+        }
+        params.extend_from_slice(&lo.to_le_bytes());
+        params.extend_from_slice(&step.to_le_bytes());
+    }
+    out.extend_from_slice(&params);
+    out.extend_from_slice(&codes);
+    Ok(())
+}
+
+/// Ladder and code bytes of row `r`.
+fn q4tp_row_params(
+    bytes: &[u8],
+    l: Q4tpLayout,
+    r: usize,
+) -> Result<([f32; LADDER], &[u8]), String> {
+    let p = l.params + 4 * r;
+    let lo = bytes
+        .get(p..p + 2)
+        .ok_or("row parameters lie outside the payload")?;
+    let st = bytes
+        .get(p + 2..p + 4)
+        .ok_or("row parameters lie outside the payload")?;
+    let t = ladder(
+        f16::from_le_bytes([lo[0], lo[1]]),
+        f16::from_le_bytes([st[0], st[1]]),
+    );
+    let c = l.codes + r * l.code_bytes;
+    let codes = bytes
+        .get(c..c + l.code_bytes)
+        .ok_or("row codes lie outside the payload")?;
+    Ok((t, codes))
+}
+
+pub(super) fn decode_q4tp_row(
+    g: Geom,
+    bytes: &[u8],
+    r: usize,
+    out: &mut [f32],
+) -> Result<(), String> {
+    let l = Q4tpLayout::new(g);
+    let (t, codes) = q4tp_row_params(bytes, l, r)?;
+    let mut tmp = [0.0f32; GROUP];
+    for (gi, o) in out.chunks_exact_mut(GROUP).enumerate().take(l.gpr) {
+        let code = read_code(codes, gi).ok_or("code lies outside the payload")?;
+        let at = (r * l.gpr + gi) * NIBBLE_BYTES;
+        let nib = bytes
+            .get(at..at + NIBBLE_BYTES)
+            .ok_or("nibbles lie outside the payload")?;
+        unpack_nibbles(nib, t[code], &mut tmp);
+        o.copy_from_slice(&tmp);
+    }
+    Ok(())
+}
+
+pub(super) fn decode_q4tp(g: Geom, bytes: &[u8], out: &mut [f32]) -> Result<(), String> {
+    for r in 0..g.rows {
+        decode_q4tp_row(g, bytes, r, &mut out[r * g.cols..(r + 1) * g.cols])?;
+    }
+    Ok(())
+}
+
+/// Per-element bounds (see `quant::error_bounds`); the payload is validated.
+pub(super) fn bounds(dtype: DType, g: Geom, bytes: &[u8], out: &mut [f32]) {
+    if dtype == DType::Q4tp {
+        let l = Q4tpLayout::new(g);
+        for r in 0..g.rows {
+            let Ok((t, codes)) = q4tp_row_params(bytes, l, r) else {
+                continue;
+            };
+            for gi in 0..l.gpr {
+                let step = read_code(codes, gi).map_or(f32::INFINITY, |c| t[c]);
+                // 2^-120: an f32-subnormal ladder (only for |w| < ~1e-36) is not analysed.
+                let b = (step * 0.5).max(f32::from_bits(7 << 23)) * (1.0 + BOUND_SLACK);
+                out[r * g.cols + gi * GROUP..r * g.cols + (gi + 1) * GROUP].fill(b);
+            }
+        }
+    } else {
+        let groups = g.numel.div_ceil(GROUP);
+        for (gi, o) in out.chunks_mut(GROUP).enumerate() {
+            let s = group_of(dtype, bytes, groups, gi).map_or(f32::INFINITY, |(s, _)| s);
+            o.fill(step_error_bound(s, Q4_MAX));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{decode, decode_row, encode, EncodeOptions};
+
+    #[test]
+    fn nibble_order_low_then_high() {
+        // absmax 7 → scale 1: element 0 = −8+? → choose values giving nibbles 1 and 15.
+        let mut v = vec![0.0f32; 32];
+        v[0] = -7.0; // q = 1
+        v[1] = 7.0; // q = 15
+        let b = encode(DType::Q4Block, &[32], &v, &EncodeOptions::default()).unwrap();
+        assert_eq!(b.len(), 18);
+        assert_eq!(b[0], 0xF1);
+        assert_eq!(b[1], 0x88);
+        assert_eq!(f16::from_le_bytes([b[16], b[17]]).to_f32(), 1.0);
+        let t = encode(DType::Q4Tiled, &[32], &v, &EncodeOptions::default()).unwrap();
+        assert_eq!(&t[..2], &b[16..18]);
+        assert_eq!(&t[2..], &b[..16]);
+    }
+
+    #[test]
+    fn partial_last_group_is_padded() {
+        let v: Vec<f32> = (0..40).map(|i| i as f32 - 20.0).collect();
+        let b = encode(DType::Q4Block, &[40], &v, &EncodeOptions::default()).unwrap();
+        assert_eq!(b.len(), 36);
+        // group 1 holds elements 32..40; the rest are padding nibbles 8.
+        assert!(b[16 + 4..32].iter().all(|&x| x == 0x88));
+        let d = decode(DType::Q4Block, &[40], &b).unwrap();
+        assert_eq!(d.len(), 40);
+    }
+
+    #[test]
+    fn q4tp_codes_straddle_bytes() {
+        let mut codes = [0u8; 5]; // 8 codes × 5 bits
+        for gi in 0..8 {
+            write_code(&mut codes, gi, (gi * 4 + 3) as u8 & 31);
+        }
+        for gi in 0..8 {
+            assert_eq!(read_code(&codes, gi), Some((gi * 4 + 3) & 31));
+        }
+        // Code 1 starts at bit 5: its low 3 bits are bits 5..8 of byte 0.
+        let mut c = [0u8; 2];
+        write_code(&mut c, 1, 0b10111);
+        assert_eq!(c, [0b1110_0000, 0b0000_0010]);
+    }
+
+    #[test]
+    fn q4tp_ladder_and_zero_rows() {
+        let mut v = vec![0.0f32; 2 * 64];
+        for (i, x) in v[64..].iter_mut().enumerate() {
+            *x = (i as f32 - 31.5) * if i < 32 { 0.01 } else { 1.0 };
+        }
+        let b = encode(DType::Q4tp, &[2, 64], &v, &EncodeOptions::default()).unwrap();
+        let d = decode(DType::Q4tp, &[2, 64], &b).unwrap();
+        assert!(d[..64].iter().all(|&x| x == 0.0));
+        let bounds = crate::quant::error_bounds(DType::Q4tp, &[2, 64], &b).unwrap();
+        for i in 0..128 {
+            assert!(
+                (d[i] - v[i]).abs() <= bounds[i],
+                "{i}: {} vs {}",
+                d[i],
+                v[i]
+            );
+        }
+        let mut row = vec![0.0; 64];
+        decode_row(DType::Q4tp, &[2, 64], &b, 1, &mut row).unwrap();
+        assert_eq!(row, d[64..]);
+    }
+}

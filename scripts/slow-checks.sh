@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The slow checks: interoperability with the reference implementation's CLI, used as a
+# black box (files it accepts, tensors it decodes). Installs that CLI on first use, the
+# way ../shared/bench/peers.sh does, into $CMF_PEERS (default ~/.cache/cmf-peers).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PEERS="${CMF_PEERS:-$HOME/.cache/cmf-peers}"
+if [ ! -x "$PEERS/bin/cortiq" ]; then
+  echo "installing the reference CLI (cortiq-cli 0.8.54) into $PEERS ..." >&2
+  mkdir -p "$PEERS/bin"
+  CARGO_TARGET_DIR="$PEERS/target" cargo install --quiet cortiq-cli --version 0.8.54 \
+      --no-default-features --root "$PEERS" >&2
+  rm -rf "$PEERS/target"
+fi
+export CORTIQ_REFERENCE_CLI="$PEERS/bin/cortiq"
+cargo test --release --features peer-tests --test peer_interop -- --test-threads 2
