@@ -1,0 +1,282 @@
+//! End-to-end tests of the commands that check and write files: `verify`, `sign`,
+//! `compact`, `skill export|apply|add`, `demo`. Damaged copies live in temporary
+//! directories; the shared fixtures are never written.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use assert_cmd::cargo::cargo_bin_cmd;
+use serde_json::Value;
+
+fn fixture(name: &str) -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/fixtures/cmf")
+        .join(name);
+    assert!(p.is_file(), "fixture missing: {}", p.display());
+    p
+}
+
+macro_rules! run {
+    ($($a:expr),* $(,)?) => {
+        cargo_bin_cmd!("cortiq").args([$(std::ffi::OsStr::new(&$a)),*]).output().expect("cortiq runs")
+    };
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().expect("exited")
+}
+
+fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not one JSON document ({e}):\n{}",
+            String::from_utf8_lossy(&o.stdout)
+        )
+    })
+}
+
+fn copy_writable(src: &Path, dir: &Path, name: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, std::fs::read(src).unwrap()).unwrap();
+    p
+}
+
+fn flip(path: &Path, at: u64) {
+    let mut b = std::fs::read(path).unwrap();
+    b[at as usize] ^= 0x40;
+    std::fs::write(path, b).unwrap();
+}
+
+#[test]
+fn verify_reports_ok_and_names_every_broken_tensor() {
+    let o = run!("verify", fixture("qwen3_moe-masked.cmf"), "--json");
+    assert_eq!(code(&o), 0);
+    let v = json(&o);
+    assert_eq!(v["ok"], true);
+    assert_eq!(v["error"], Value::Null);
+    assert_eq!(v["tensors_checked"], 135);
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = copy_writable(&fixture("qwen3-q4.cmf"), dir.path(), "bad.cmf");
+    let f = cortiq_engine::format::CmfFile::open(&bad).unwrap();
+    let (a, b) = (&f.directory.entries[5], &f.directory.entries[9]);
+    let (at_a, at_b) = (
+        f.envelope.data.off + a.off + 3,
+        f.envelope.data.off + b.off + b.nbytes - 1,
+    );
+    let names = [a.name.clone(), b.name.clone()];
+    drop(f);
+    flip(&bad, at_a);
+    flip(&bad, at_b);
+    let o = run!("verify", bad, "--json");
+    assert_eq!(code(&o), 1);
+    let v = json(&o);
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["error"]["kind"], "HashMismatch");
+    let failed: Vec<&str> = v["failed_tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap())
+        .collect();
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    for n in &names {
+        assert!(failed.contains(&n.as_str()), "{n} not reported: {failed:?}");
+    }
+    let text = run!("verify", bad);
+    assert_eq!(code(&text), 1);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("FAILED: first broken link"));
+}
+
+#[test]
+fn verify_of_an_unopenable_file_gives_the_section_1_2_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = copy_writable(&fixture("qwen3-q4.cmf"), dir.path(), "bad.cmf");
+    let mut b = std::fs::read(&bad).unwrap();
+    b[4] = 3; // version
+    std::fs::write(&bad, b).unwrap();
+    let o = run!("verify", bad, "--json");
+    assert_eq!(code(&o), 1);
+    let v = json(&o);
+    assert_eq!(v["error"]["kind"], "UnsupportedVersion");
+    assert_eq!(v["failures"], Value::Array(vec![]));
+    // A flipped header byte is caught by the envelope's header hash.
+    let bad2 = copy_writable(&fixture("qwen3-q4.cmf"), dir.path(), "bad2.cmf");
+    flip(&bad2, 300);
+    let o = run!("verify", bad2, "--json");
+    assert_eq!(code(&o), 1, "{}", String::from_utf8_lossy(&o.stdout));
+    assert_eq!(
+        run!("verify", dir.path().join("missing.cmf")).status.code(),
+        Some(2)
+    );
+}
+
+#[test]
+fn sign_then_verify_with_and_without_trust() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = copy_writable(&fixture("qwen3-q4.cmf"), dir.path(), "m.cmf");
+    let key = dir.path().join("key.hex");
+    let o = run!("sign", model, "--key", key, "--json");
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&o);
+    assert_eq!(v["key_created"], true);
+    let pubkey = v["pubkey"].as_str().unwrap().to_string();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+    assert!(dir.path().join("m.cmf.sig").exists());
+
+    let v = json(&run!("verify", model, "--json"));
+    assert_eq!(v["ok"], true);
+    assert_eq!(v["signature"]["state"], "self_consistent");
+    let o = run!("verify", model, "--trusted-key", pubkey, "--json");
+    assert_eq!(code(&o), 0);
+    assert_eq!(json(&o)["signature"]["state"], "trusted");
+    let o = run!("verify", model, "--trusted-key", "11".repeat(32), "--json");
+    assert_eq!(
+        code(&o),
+        1,
+        "a signer the user does not trust is a failure when trust is asked"
+    );
+    assert_eq!(json(&o)["signature"]["state"], "untrusted_key");
+
+    // Re-signing with the same key reuses it; a changed file no longer matches its .sig.
+    assert_eq!(
+        json(&run!("sign", model, "--key", key, "--json"))["key_created"],
+        false
+    );
+    let len = std::fs::metadata(&model).unwrap().len();
+    flip(&model, len - 10); // inside the vocab section
+    let o = run!("verify", model, "--json");
+    assert_eq!(code(&o), 1);
+    // And sign refuses a file that fails verification.
+    assert_eq!(code(&run!("sign", model, "--key", key)), 1);
+    assert_eq!(code(&run!("verify", model, "--trusted-key", "not-hex")), 2);
+}
+
+#[test]
+fn compact_rewrites_and_never_overwrites_its_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = copy_writable(&fixture("qwen3-q8.cmf"), dir.path(), "q8.cmf");
+    let before = std::fs::read(&src).unwrap();
+    let o = run!("compact", src, "-o", src);
+    assert_eq!(code(&o), 2);
+    assert_eq!(std::fs::read(&src).unwrap(), before);
+    let out = dir.path().join("tight.cmf");
+    let o = run!("compact", src, "-o", out, "--json");
+    assert_eq!(code(&o), 0);
+    let v = json(&o);
+    assert!(
+        v["bytes_after"].as_u64().unwrap() < v["bytes_before"].as_u64().unwrap() / 4,
+        "{v}"
+    );
+    assert_eq!(code(&run!("verify", out)), 0);
+    let d = json(&run!("diff", src, out, "--json"));
+    assert_eq!(
+        d["tensors"]["changed"].as_array().map(|a| a.len()),
+        Some(0),
+        "{d}"
+    );
+}
+
+#[test]
+fn skill_export_apply_and_add_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = fixture("qwen3-q8_2f.cmf");
+    let sk = dir.path().join("sql.cmf");
+    let o = run!(
+        "skill",
+        "export",
+        fixture("qwen3-skills.cmf"),
+        "--skill",
+        "sql",
+        "--base",
+        base,
+        "-o",
+        sk,
+        "--json"
+    );
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(json(&o)["base_dir_hash"], "d3e074f94cea010a");
+    let applied = dir.path().join("applied.cmf");
+    assert_eq!(code(&run!("skill", "apply", base, sk, "-o", applied)), 0);
+    assert_eq!(code(&run!("verify", applied)), 0);
+    let d = json(&run!(
+        "diff",
+        fixture("qwen3-skills.cmf"),
+        applied,
+        "--json"
+    ));
+    assert_eq!(d["tensors"]["added"].as_array().unwrap().len(), 0, "{d}");
+    assert_eq!(d["tensors"]["removed"].as_array().unwrap().len(), 0, "{d}");
+    // Wrong base: refused, exit 2, nothing written.
+    let wrong = dir.path().join("wrong.cmf");
+    let o = run!("skill", "apply", fixture("qwen3-q4.cmf"), sk, "-o", wrong);
+    assert_eq!(code(&o), 2);
+    assert!(!wrong.exists());
+
+    // add --in-place grows a copy; the original fixture is untouched.
+    let grow = copy_writable(&base, dir.path(), "grow.cmf");
+    let o = run!(
+        "skill",
+        "add",
+        grow,
+        "--from",
+        fixture("qwen3-q8.cmf"),
+        "--skill",
+        "q8",
+        "--layers",
+        "0,1",
+        "--in-place",
+        "--json"
+    );
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&run!("skills", grow, "--json"));
+    assert!(v.to_string().contains("\"q8\""), "{v}");
+    assert_eq!(code(&run!("verify", grow)), 0);
+    assert_eq!(
+        code(&run!(
+            "skill", "add", base, "--from", base, "--skill", "x", "--layers", "0"
+        )),
+        2,
+        "needs -o or --in-place"
+    );
+}
+
+#[test]
+fn demo_writes_a_file_that_verifies_and_has_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("demo.cmf");
+    let o = run!("demo", "-o", out, "--json");
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&o);
+    assert_eq!(v["masks"], serde_json::json!(["general", "code", "chat"]));
+    assert_eq!(v["skills"], serde_json::json!(["sql"]));
+    let t = json(&run!("tensors", out, "--json"));
+    let mut dtypes: Vec<&str> = t
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["dtype"].as_str().unwrap())
+        .collect();
+    dtypes.sort_unstable();
+    dtypes.dedup();
+    assert_eq!(dtypes.len(), 13, "every writable dtype appears: {dtypes:?}");
+    assert!(t
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["name"].as_str().unwrap().contains("experts.7")));
+    let first = std::fs::read(&out).unwrap();
+    assert_eq!(code(&run!("demo", "-o", out)), 0);
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        first,
+        "the demo is deterministic"
+    );
+}
