@@ -322,11 +322,22 @@ fn mask_blob(cfg: &DemoConfig, rng: &mut Rng, ffn_keep: f32, experts_keep: Optio
     blob
 }
 
+impl DemoConfig {
+    /// The smallest shape that still has every feature (fuzzing seeds, quick tests).
+    pub fn tiny() -> DemoConfig {
+        DemoConfig { hidden: 32, intermediate: 32, layers: 6, heads: 2, kv_heads: 1, experts: 4, top_k: 2, expert_intermediate: 32 }
+    }
+}
+
 /// Writes the demo model to `out`.
 pub fn write_demo(out: &Path) -> Result<WriteSummary> {
-    let cfg = DemoConfig::default();
+    write_demo_with(out, &DemoConfig::default())
+}
+
+/// Writes a demo-shaped model of the given dimensions to `out`.
+pub fn write_demo_with(out: &Path, cfg: &DemoConfig) -> Result<WriteSummary> {
     let (tokenizer, vocab) = demo_tokenizer_json();
-    let mut planned = plan(&cfg, vocab as u64);
+    let mut planned = plan(cfg, vocab as u64);
     // A skill "sql" replacing the dense MLP of the last two dense layers.
     let skill_layers: Vec<u64> = (0..cfg.layers)
         .filter(|&l| !moe_layer(l))
@@ -417,7 +428,7 @@ pub fn write_demo(out: &Path) -> Result<WriteSummary> {
                 priority: Some(Priority::Fallback),
                 ..Default::default()
             },
-            mask_blob(&cfg, &mut rng, 1.0, None),
+            mask_blob(cfg, &mut rng, 1.0, None),
         ),
         (
             MaskRecord {
@@ -429,7 +440,7 @@ pub fn write_demo(out: &Path) -> Result<WriteSummary> {
                 has_expert_fields: true,
                 ..Default::default()
             },
-            mask_blob(&cfg, &mut rng, 0.5, Some(3)),
+            mask_blob(cfg, &mut rng, 0.5, Some(3)),
         ),
         (
             MaskRecord {
@@ -440,7 +451,7 @@ pub fn write_demo(out: &Path) -> Result<WriteSummary> {
                 priority: Some(Priority::Primary),
                 ..Default::default()
             },
-            mask_blob(&cfg, &mut rng, 0.75, None),
+            mask_blob(cfg, &mut rng, 0.75, None),
         ),
     ];
     let (records, blobs): (Vec<_>, Vec<_>) = masks.into_iter().unzip();
