@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use cortiq_engine::format::dtype::WRITABLE;
 use cortiq_engine::format::header::Header;
 use cortiq_engine::format::skills;
 use cortiq_engine::format::writer::{self, TensorPlan, WriteSpec};
@@ -192,22 +193,6 @@ fn write_per_dtype(dtype: DType, out: &Path) {
     };
     writer::write_file(out, spec, payloads.iter().map(|p| p.as_slice())).unwrap();
 }
-
-const WRITABLE: [DType; 13] = [
-    DType::F32,
-    DType::F16,
-    DType::Bf16,
-    DType::Q8Row,
-    DType::Q4Block,
-    DType::Q8_2f,
-    DType::Vbit,
-    DType::VbitRo,
-    DType::Q4Tiled,
-    DType::Q4tp,
-    DType::Q1,
-    DType::Q1s,
-    DType::Q1t,
-];
 
 #[test]
 fn one_file_per_dtype_verifies_and_decodes_identically_in_the_reference() {

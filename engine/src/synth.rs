@@ -325,7 +325,16 @@ fn mask_blob(cfg: &DemoConfig, rng: &mut Rng, ffn_keep: f32, experts_keep: Optio
 impl DemoConfig {
     /// The smallest shape that still has every feature (fuzzing seeds, quick tests).
     pub fn tiny() -> DemoConfig {
-        DemoConfig { hidden: 32, intermediate: 32, layers: 6, heads: 2, kv_heads: 1, experts: 4, top_k: 2, expert_intermediate: 32 }
+        DemoConfig {
+            hidden: 32,
+            intermediate: 32,
+            layers: 6,
+            heads: 2,
+            kv_heads: 1,
+            experts: 4,
+            top_k: 2,
+            expert_intermediate: 32,
+        }
     }
 }
 

@@ -64,6 +64,23 @@ pub const ALL_DTYPES: [DType; 16] = [
     DType::Q4tp,
 ];
 
+/// Every dtype a writer may emit: all but the reserved ids.
+pub const WRITABLE: [DType; 13] = [
+    DType::F32,
+    DType::F16,
+    DType::Bf16,
+    DType::Q8Row,
+    DType::Q4Block,
+    DType::Vbit,
+    DType::Q8_2f,
+    DType::VbitRo,
+    DType::Q4Tiled,
+    DType::Q1,
+    DType::Q1s,
+    DType::Q1t,
+    DType::Q4tp,
+];
+
 /// How many bytes a tensor of a given dtype and shape occupies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Size {

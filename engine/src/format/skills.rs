@@ -223,20 +223,11 @@ pub fn add_skill_to_copy(
     record: SkillRecord,
     tensors: &[SkillTensor],
 ) -> Result<u64> {
-    let dir = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let tmp = tempfile::Builder::new()
-        .prefix(".cortiq-")
-        .suffix(".tmp")
-        .tempfile_in(dir)
-        .map_err(|e| FormatError::io(format!("create a temporary file in {}", dir.display()), e))?;
+    let tmp = super::writer::TempTarget::new(out)?;
     std::fs::copy(src, tmp.path())
         .map_err(|e| FormatError::io(format!("copy {}", src.display()), e))?;
     let end = append_skill_in_place(tmp.path(), record, tensors)?;
-    tmp.persist(out)
-        .map_err(|e| FormatError::io(format!("rename onto {}", out.display()), e.error))?;
+    tmp.commit()?;
     Ok(end)
 }
 

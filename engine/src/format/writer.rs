@@ -64,13 +64,13 @@ fn io(path: &Path, what: &str) -> impl FnOnce(std::io::Error) -> FormatError {
 }
 
 /// A temporary file in the target's directory, renamed onto the target by `commit`.
-struct TempTarget {
+pub(crate) struct TempTarget {
     tmp: tempfile::NamedTempFile,
     target: PathBuf,
 }
 
 impl TempTarget {
-    fn new(target: &Path) -> Result<TempTarget> {
+    pub(crate) fn new(target: &Path) -> Result<TempTarget> {
         let dir = match target.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
@@ -86,7 +86,11 @@ impl TempTarget {
         })
     }
 
-    fn commit(self) -> Result<()> {
+    pub(crate) fn path(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    pub(crate) fn commit(self) -> Result<()> {
         self.tmp
             .as_file()
             .sync_all()

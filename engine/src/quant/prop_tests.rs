@@ -5,21 +5,7 @@ use super::*;
 use crate::format::dtype::ALL_DTYPES;
 use proptest::prelude::*;
 
-const WRITABLE: [DType; 13] = [
-    DType::F32,
-    DType::F16,
-    DType::Bf16,
-    DType::Q8Row,
-    DType::Q4Block,
-    DType::Vbit,
-    DType::Q8_2f,
-    DType::VbitRo,
-    DType::Q4Tiled,
-    DType::Q1,
-    DType::Q1s,
-    DType::Q1t,
-    DType::Q4tp,
-];
+use crate::format::dtype::WRITABLE;
 
 /// Tensor-wide magnitudes: zero, tiny (f16-subnormal and f32-subnormal scales), ordinary,
 /// large, and huge-but-finite (beyond what f16 scales store).
