@@ -4,6 +4,7 @@
 //! codes (DESIGN.md): 0 success, 1 the file is invalid or fails a check, 2 usage or I/O
 //! error. clap's own usage errors already exit 2.
 
+mod app;
 mod cli;
 
 use std::path::PathBuf;
@@ -89,7 +90,10 @@ impl Command {
 
     fn run(&self) -> CmdResult {
         match self {
-            Command::Tui(a) => cli::info::run(&cli::info::Args::text(a.file.clone())),
+            Command::Tui(a) => match app::terminal::run(Some(&a.file)) {
+                Ok(()) => Ok(cli::common::Status::Success),
+                Err(e) => Err(cli::common::CliError::io(e)),
+            },
             Command::Info(a) => cli::info::run(a),
             Command::Tensors(a) => cli::tensors::run(a),
             Command::Masks(a) => cli::masks::run(a),

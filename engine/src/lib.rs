@@ -1,3 +1,4 @@
 pub mod format;
 pub mod quant;
+pub mod stats;
 pub mod synth;

@@ -493,13 +493,25 @@ pub fn write_bench_file(out: &Path, dim: u64, layers: u64) -> Result<WriteSummar
     let header = Header {
         format: Some("cmf".into()),
         version: Some(2),
+        // A complete llama-like arch, so that readers which require every field open it.
         arch: Some(Arch {
-            arch_name: "bench".into(),
+            arch_name: "llama".into(),
             hidden_size: dim,
+            intermediate_size: Some(dim),
             num_layers: layers,
+            num_attention_heads: Some(16),
+            num_kv_heads: Some(16),
+            head_dim: Some(dim / 16),
             vocab_size: dim,
+            layer_types: Some(vec!["FullAttention".into(); layers as usize]),
+            rms_norm_eps: Some(1e-6),
+            norm_style: Some(NormStyle::Qwen),
+            rope_theta: Some(10000.0),
+            tie_word_embeddings: Some(false),
+            max_position_embeddings: Some(4096),
             ..Default::default()
         }),
+        quant_type: Some("Q8_ROW".into()),
         provenance: Some(
             json!({"tool": "cortiq-workbench bench file", "source_model": "random bytes"}),
         ),

@@ -60,7 +60,7 @@ impl LinkStatus {
     }
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LinkResult {
     #[serde(flatten)]
     pub link: Link,
@@ -92,7 +92,7 @@ pub struct VerifyOptions<'a> {
     pub cancel: Option<&'a AtomicBool>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct VerifyReport {
     pub ok: bool,
     pub cancelled: bool,
@@ -122,12 +122,7 @@ pub fn hash64_parallel(bytes: &[u8]) -> u64 {
         .enumerate()
         .map(|(ci, chunk)| {
             let first = (ci * CHUNK / 8) as u64;
-            let mut acc = 0u64;
-            for (i, w) in chunk.chunks_exact(8).enumerate() {
-                let w = u64::from_le_bytes(w.try_into().unwrap());
-                acc ^= fmix64(w) ^ (first + i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            }
-            acc
+            super::hash64::fold_words(0, first, chunk).0
         })
         .reduce(|| 0, |a, b| a ^ b);
     let mut acc = acc;

@@ -1,0 +1,96 @@
+//! Background work: each job runs on its own thread, reports through the app's channel as
+//! [`Action::Job`], and stops early when its cancel flag is raised. A newer job of the
+//! same kind cancels the older one.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+
+use cortiq_engine::format::verify::{LinkResult, VerifyReport};
+use cortiq_engine::stats::TensorStats;
+
+use super::Action;
+
+/// A worker's report.
+#[derive(Clone, Debug, PartialEq)]
+pub enum JobReport {
+    /// Statistics of the tensor whose directory hash is `hash` (the cache key).
+    Stats {
+        hash: u64,
+        name: String,
+        result: Result<Arc<TensorStats>, String>,
+    },
+    VerifyStarted {
+        tensors: usize,
+        bytes: u64,
+    },
+    VerifyLink(LinkResult),
+    VerifyProgress {
+        done: u64,
+        total: u64,
+    },
+    VerifyDone(Arc<VerifyReport>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum JobKind {
+    Stats,
+    Verify,
+}
+
+pub struct Jobs {
+    tx: Sender<Action>,
+    running: HashMap<JobKind, Arc<AtomicBool>>,
+}
+
+impl Jobs {
+    pub fn new(tx: Sender<Action>) -> Jobs {
+        Jobs {
+            tx,
+            running: HashMap::new(),
+        }
+    }
+
+    /// Runs `work` on a new thread; it gets its cancel flag and a way to report.
+    pub fn spawn<F>(&mut self, kind: JobKind, work: F)
+    where
+        F: FnOnce(&AtomicBool, &dyn Fn(JobReport)) + Send + 'static,
+    {
+        self.cancel(kind);
+        let cancel = Arc::new(AtomicBool::new(false));
+        self.running.insert(kind, cancel.clone());
+        let tx = self.tx.clone();
+        std::thread::Builder::new()
+            .name(format!("cortiq-{kind:?}").to_lowercase())
+            .spawn(move || {
+                let report = |r: JobReport| {
+                    // The app may be gone (quitting): nothing to tell then.
+                    let _ = tx.send(Action::Job(r));
+                };
+                work(&cancel, &report);
+            })
+            .expect("spawn a worker thread");
+    }
+
+    pub fn cancel(&mut self, kind: JobKind) {
+        if let Some(c) = self.running.remove(&kind) {
+            c.store(true, Ordering::Relaxed);
+        }
+    }
+
+    pub fn cancel_all(&mut self) {
+        for (_, c) in self.running.drain() {
+            c.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Marks a job kind finished (its final report arrived).
+    pub fn finished(&mut self, kind: JobKind) {
+        self.running.remove(&kind);
+    }
+
+    pub fn is_running(&self, kind: JobKind) -> bool {
+        self.running.contains_key(&kind)
+    }
+}

@@ -1,0 +1,407 @@
+//! The workbench as state + Action + update (the Elm pattern). Everything the user or a
+//! worker does arrives as an [`Action`]; [`App::update`] changes the state; [`view`]
+//! renders the state through the pure widgets of `cortiq-views`. Background work runs on
+//! threads (`jobs`) and reports back as Actions over a channel, so nothing blocks the UI.
+//! `src/app` never does arithmetic on weights: workers call the engine for that.
+
+pub mod config;
+pub mod integrity;
+pub mod jobs;
+pub mod keymap;
+pub mod masks;
+pub mod overview;
+pub mod picker;
+pub mod skills;
+pub mod tensors;
+pub mod terminal;
+#[cfg(test)]
+pub mod testing;
+#[cfg(test)]
+mod tests;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cortiq_engine::format::CmfFile;
+use cortiq_views::chrome::{self, ChromeVm, ErrorVm, HelpVm, PickerVm};
+use cortiq_views::Theme;
+use ratatui::layout::Rect;
+use ratatui::Frame;
+
+use self::jobs::{JobReport, Jobs};
+use self::keymap::Keymap;
+
+/// The views, in tab order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tab {
+    Overview,
+    Tensors,
+    Masks,
+    Skills,
+    Integrity,
+}
+
+impl Tab {
+    pub const ALL: [Tab; 5] = [
+        Tab::Overview,
+        Tab::Tensors,
+        Tab::Masks,
+        Tab::Skills,
+        Tab::Integrity,
+    ];
+    pub fn title(self) -> &'static str {
+        match self {
+            Tab::Overview => "Overview",
+            Tab::Tensors => "Tensors",
+            Tab::Masks => "Masks",
+            Tab::Skills => "Skills",
+            Tab::Integrity => "Integrity",
+        }
+    }
+    fn index(self) -> usize {
+        Tab::ALL.iter().position(|&t| t == self).unwrap_or(0)
+    }
+}
+
+/// Everything that can happen. Keys are translated into these by the keymap; workers send
+/// [`Action::Job`]; tests drive the app with them directly.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    Quit,
+    Help,
+    NextTab,
+    PrevTab,
+    GoTab(usize),
+    Up,
+    Down,
+    PageUp,
+    PageDown,
+    Home,
+    End,
+    Left,
+    Right,
+    Enter,
+    /// Esc: close a popup, leave a mode, cancel a filter.
+    Back,
+    /// Start typing a filter (`/`).
+    Filter,
+    /// A character typed while a text field has focus.
+    Input(char),
+    /// Backspace while a text field has focus.
+    Erase,
+    /// Sort by the next column (`s`), or reverse the order (`S`).
+    SortNext,
+    SortReverse,
+    /// Group rows by layer (`g`).
+    Group,
+    /// Switch what a view shows (`f`: field of a heat map, detail mode, ...).
+    Cycle,
+    /// Show the chat template (`t`).
+    Template,
+    /// Start a verify run (`v`), cancel running work (`c`).
+    Verify,
+    Cancel,
+    /// Open the file picker (`o`).
+    OpenPicker,
+    Open(PathBuf),
+    /// Mouse: a click at terminal cell (column, row); wheel.
+    Click(u16, u16),
+    ScrollUp,
+    ScrollDown,
+    Resize(u16, u16),
+    /// A worker's report.
+    Job(JobReport),
+}
+
+/// What the workbench shows: a file, why a file did not open, or the picker.
+pub enum Screen {
+    Model(Box<ModelScreen>),
+    Error {
+        path: String,
+        kind: String,
+        message: String,
+    },
+    Picker(picker::Picker),
+}
+
+/// An open model and the state of each view.
+pub struct ModelScreen {
+    pub file: Arc<CmfFile>,
+    pub tab: Tab,
+    pub overview: overview::OverviewState,
+    pub tensors: tensors::TensorsState,
+    pub masks: masks::MasksState,
+    pub skills: skills::SkillsState,
+    pub integrity: integrity::IntegrityState,
+}
+
+pub struct App {
+    pub screen: Screen,
+    pub help: bool,
+    pub quit: bool,
+    pub theme: Theme,
+    pub keymap: Keymap,
+    pub jobs: Jobs,
+    /// The body area of the last frame (for mouse hit-testing and page sizes).
+    pub body: Rect,
+    /// One-line message for the status bar (errors of actions, hints).
+    pub flash: Option<String>,
+}
+
+/// What every view's `update` may use besides its own state.
+pub struct Ctx<'a> {
+    pub file: &'a Arc<CmfFile>,
+    pub jobs: &'a mut Jobs,
+    /// Rows visible in the body (for page up/down).
+    pub page: usize,
+    pub body: Rect,
+    pub flash: &'a mut Option<String>,
+}
+
+impl App {
+    pub fn new(theme: Theme, keymap: Keymap, jobs: Jobs) -> App {
+        App {
+            screen: Screen::Picker(picker::Picker::new(
+                std::env::current_dir().unwrap_or_default(),
+            )),
+            help: false,
+            quit: false,
+            theme,
+            keymap,
+            jobs,
+            body: Rect::new(0, 0, 80, 22),
+            flash: None,
+        }
+    }
+
+    /// Opens `path`: the model, or the error view naming why it did not open.
+    pub fn open(&mut self, path: PathBuf) {
+        self.jobs.cancel_all();
+        log::info!("open {}", path.display());
+        self.screen = match CmfFile::open(&path) {
+            Ok(f) => {
+                let file = Arc::new(f);
+                Screen::Model(Box::new(ModelScreen {
+                    tab: Tab::Overview,
+                    overview: overview::OverviewState::new(&file),
+                    tensors: tensors::TensorsState::new(&file),
+                    masks: masks::MasksState::new(&file),
+                    skills: skills::SkillsState::new(&file),
+                    integrity: integrity::IntegrityState::new(&file),
+                    file,
+                }))
+            }
+            Err(e) => {
+                log::warn!("{}: {e}", path.display());
+                Screen::Error {
+                    path: path.display().to_string(),
+                    kind: e.kind().to_string(),
+                    message: e.message(),
+                }
+            }
+        };
+    }
+
+    pub fn update(&mut self, action: Action) {
+        self.flash = None;
+        match &action {
+            Action::Quit => {
+                self.quit = true;
+                return;
+            }
+            Action::Help => {
+                self.help = !self.help;
+                return;
+            }
+            Action::Back if self.help => {
+                self.help = false;
+                return;
+            }
+            Action::Resize(..) => return,
+            Action::OpenPicker => {
+                let dir = match &self.screen {
+                    Screen::Model(m) => m
+                        .file
+                        .path
+                        .as_ref()
+                        .and_then(|p| p.parent().map(|d| d.to_path_buf())),
+                    _ => None,
+                };
+                self.screen = Screen::Picker(picker::Picker::new(
+                    dir.unwrap_or_else(|| std::env::current_dir().unwrap_or_default()),
+                ));
+                return;
+            }
+            Action::Open(p) => {
+                self.open(p.clone());
+                return;
+            }
+            _ => {}
+        }
+        if self.help {
+            return;
+        }
+        let page = self.body.height.saturating_sub(3).max(1) as usize;
+        match &mut self.screen {
+            Screen::Picker(p) => {
+                if let Some(path) = p.update(&action) {
+                    self.open(path);
+                }
+            }
+            Screen::Error { .. } => {}
+            Screen::Model(m) => {
+                match action {
+                    Action::NextTab => m.tab = Tab::ALL[(m.tab.index() + 1) % Tab::ALL.len()],
+                    Action::PrevTab => {
+                        m.tab = Tab::ALL[(m.tab.index() + Tab::ALL.len() - 1) % Tab::ALL.len()]
+                    }
+                    Action::GoTab(i) if i < Tab::ALL.len() => m.tab = Tab::ALL[i],
+                    Action::Click(x, y) if y == 0 => {
+                        if let Some(t) = tab_at(&self.keymap, m, x) {
+                            m.tab = t;
+                        }
+                    }
+                    action => {
+                        let mut ctx = Ctx {
+                            file: &m.file,
+                            jobs: &mut self.jobs,
+                            page,
+                            body: self.body,
+                            flash: &mut self.flash,
+                        };
+                        // Job reports go to whichever view owns them, whatever tab is shown.
+                        if let Action::Job(report) = &action {
+                            m.tensors.on_job(report);
+                            m.integrity.on_job(report);
+                            return;
+                        }
+                        match m.tab {
+                            Tab::Overview => m.overview.update(&action, &mut ctx),
+                            Tab::Tensors => m.tensors.update(&action, &mut ctx),
+                            Tab::Masks => m.masks.update(&action, &mut ctx),
+                            Tab::Skills => m.skills.update(&action, &mut ctx),
+                            Tab::Integrity => m.integrity.update(&action, &mut ctx),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether a text field has focus (keys then type instead of commanding).
+    pub fn typing(&self) -> bool {
+        match &self.screen {
+            Screen::Model(m) => m.tab == Tab::Tensors && m.tensors.typing(),
+            _ => false,
+        }
+    }
+}
+
+/// The tab whose title covers column `x` of the top line (as `render_chrome` lays it out).
+fn tab_at(_keymap: &Keymap, m: &ModelScreen, x: u16) -> Option<Tab> {
+    let title = file_title(&m.file);
+    let mut col = format!(" cortiq │ {title} ").chars().count() as u16;
+    for t in Tab::ALL {
+        let w = format!(" {} {} ", t.index() + 1, t.title()).chars().count() as u16;
+        if x >= col && x < col + w {
+            return Some(t);
+        }
+        col += w + 1;
+    }
+    None
+}
+
+fn file_title(file: &CmfFile) -> String {
+    file.path
+        .as_ref()
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "(in memory)".into())
+}
+
+/// Renders the whole screen: a pure function of the app state.
+pub fn view(app: &App, f: &mut Frame) {
+    let area = f.area();
+    let titles: Vec<&str> = Tab::ALL.iter().map(|t| t.title()).collect();
+    match &app.screen {
+        Screen::Picker(p) => {
+            let entries = p.entries();
+            chrome::render_picker(
+                f,
+                area,
+                &PickerVm {
+                    dir: &p.dir.display().to_string(),
+                    entries: &entries,
+                    selected: p.selected,
+                    message: p.message.as_deref(),
+                },
+                &app.theme,
+            );
+        }
+        Screen::Error {
+            path,
+            kind,
+            message,
+        } => {
+            chrome::render_error(
+                f,
+                area,
+                &ErrorVm {
+                    path,
+                    kind,
+                    message,
+                },
+                &app.theme,
+            );
+        }
+        Screen::Model(m) => {
+            let (status, hint) = match m.tab {
+                Tab::Overview => m.overview.status(&m.file),
+                Tab::Tensors => m.tensors.status(&m.file),
+                Tab::Masks => m.masks.status(&m.file),
+                Tab::Skills => m.skills.status(&m.file),
+                Tab::Integrity => m.integrity.status(&m.file),
+            };
+            let title = file_title(&m.file);
+            let chrome = ChromeVm {
+                title: &title,
+                tabs: &titles,
+                active: m.tab.index(),
+                status: app.flash.clone().unwrap_or(status),
+                hint: format!("{hint} · ? help · q quit"),
+                job: m
+                    .tensors
+                    .job_progress()
+                    .or_else(|| m.integrity.job_progress()),
+            };
+            let body = chrome::render_chrome(f, area, &chrome, &app.theme);
+            match m.tab {
+                Tab::Overview => m.overview.render(f, body, &m.file, &app.theme),
+                Tab::Tensors => m.tensors.render(f, body, &m.file, &app.theme),
+                Tab::Masks => m.masks.render(f, body, &m.file, &app.theme),
+                Tab::Skills => m.skills.render(f, body, &m.file, &app.theme),
+                Tab::Integrity => m.integrity.render(f, body, &m.file, &app.theme),
+            }
+        }
+    }
+    if app.help {
+        chrome::render_help(
+            f,
+            area,
+            &HelpVm {
+                sections: app.keymap.help_sections(),
+            },
+            &app.theme,
+        );
+    }
+}
+
+/// The body area for a terminal of `area` (the chrome takes the top and bottom lines).
+pub fn body_of(area: Rect) -> Rect {
+    Rect::new(
+        area.x,
+        area.y + 1,
+        area.width,
+        area.height.saturating_sub(2),
+    )
+}

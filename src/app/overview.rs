@@ -1,0 +1,537 @@
+//! State of the Overview: the header tree's expansion and cursor, the template popup, and
+//! the facts computed once when the file opens (directory totals; no tensor byte read).
+
+use std::collections::{BTreeMap, HashSet};
+
+use cortiq_engine::format::directory::layer_of;
+use cortiq_engine::format::{feature, CmfFile, SectionKind};
+use cortiq_views::overview::{self, DtypeRow, OverviewVm, Segment, TreeRow};
+use cortiq_views::util::{group_digits, human_bytes};
+use cortiq_views::Theme;
+use ratatui::layout::Rect;
+use ratatui::Frame;
+use serde_json::Value;
+
+use super::{Action, Ctx};
+
+/// Keys the spec names at each level of the header; anything else is flagged as unknown.
+const KNOWN_TOP: &[&str] = &[
+    "format",
+    "version",
+    "arch",
+    "quant_type",
+    "provenance",
+    "tokenizer_config",
+    "section_hashes",
+    "skills",
+    "shard",
+];
+const KNOWN_ARCH: &[&str] = &[
+    "arch_name",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_attention_heads",
+    "num_kv_heads",
+    "head_dim",
+    "vocab_size",
+    "layer_types",
+    "rms_norm_eps",
+    "norm_style",
+    "rope_theta",
+    "tie_word_embeddings",
+    "partial_rotary_factor",
+    "max_position_embeddings",
+    "linear_conv_kernel_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "mtp",
+    "moe",
+];
+
+pub struct OverviewState {
+    expanded: HashSet<String>,
+    rows: Vec<(String, TreeRow)>,
+    pub selected: usize,
+    offset: usize,
+    template_scroll: Option<u16>,
+    facts: Vec<(String, String)>,
+    segments: Vec<Segment>,
+    dtypes: Vec<DtypeRow>,
+    per_layer: Vec<(String, u64)>,
+    tokenizer: Vec<(String, String)>,
+    extra: Vec<(String, String)>,
+}
+
+fn summary(v: &Value) -> String {
+    match v {
+        Value::Object(m) => format!("{{{} keys}}", m.len()),
+        Value::Array(a) => {
+            if a.iter().all(|x| !x.is_object() && !x.is_array()) && a.len() <= 8 {
+                let items: Vec<String> = a.iter().map(|x| scalar(x)).collect();
+                format!("[{}]", items.join(", "))
+            } else {
+                format!("[{} items]", a.len())
+            }
+        }
+        other => scalar(other),
+    }
+}
+
+fn scalar(v: &Value) -> String {
+    match v {
+        Value::String(s) if s.len() > 120 => format!(
+            "\"{}…\" ({} chars)",
+            s.chars().take(100).collect::<String>(),
+            s.chars().count()
+        ),
+        Value::String(s) => format!("\"{s}\""),
+        other => other.to_string(),
+    }
+}
+
+fn is_container(v: &Value) -> bool {
+    match v {
+        Value::Object(m) => !m.is_empty(),
+        Value::Array(a) => a.iter().any(|x| x.is_object() || x.is_array()) || a.len() > 8,
+        _ => false,
+    }
+}
+
+impl OverviewState {
+    pub fn new(file: &CmfFile) -> OverviewState {
+        let mut expanded = HashSet::new();
+        expanded.insert("arch".to_string());
+        let mut s = OverviewState {
+            expanded,
+            rows: Vec::new(),
+            selected: 0,
+            offset: 0,
+            template_scroll: None,
+            facts: facts(file),
+            segments: segments(file),
+            dtypes: dtypes(file),
+            per_layer: per_layer(file),
+            tokenizer: tokenizer(file),
+            extra: extra(file),
+        };
+        s.rebuild(file);
+        s
+    }
+
+    fn rebuild(&mut self, file: &CmfFile) {
+        let mut rows = Vec::new();
+        fn walk(
+            v: &Value,
+            path: &str,
+            depth: u16,
+            parent: &str,
+            exp: &HashSet<String>,
+            rows: &mut Vec<(String, TreeRow)>,
+        ) {
+            let entries: Vec<(String, &Value)> = match v {
+                Value::Object(m) => m.iter().map(|(k, v)| (k.clone(), v)).collect(),
+                Value::Array(a) => a
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| (format!("[{i}]"), v))
+                    .collect(),
+                _ => return,
+            };
+            for (k, child) in entries {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                let unknown = match (depth, parent) {
+                    (0, _) => !KNOWN_TOP.contains(&k.as_str()),
+                    (1, "arch") => !KNOWN_ARCH.contains(&k.as_str()),
+                    _ => false,
+                };
+                let container = is_container(child);
+                let open = container && exp.contains(&p);
+                rows.push((
+                    p.clone(),
+                    TreeRow {
+                        depth,
+                        key: k.clone(),
+                        value: summary(child),
+                        expandable: container,
+                        expanded: open,
+                        unknown,
+                    },
+                ));
+                if open {
+                    walk(child, &p, depth + 1, &k, exp, rows);
+                }
+            }
+        }
+        walk(&file.header_value, "", 0, "", &self.expanded, &mut rows);
+        self.rows = rows;
+        self.selected = self.selected.min(self.rows.len().saturating_sub(1));
+    }
+
+    pub fn update(&mut self, a: &Action, ctx: &mut Ctx) {
+        if let Some(scroll) = &mut self.template_scroll {
+            match a {
+                Action::Back | Action::Template | Action::Enter => self.template_scroll = None,
+                Action::Up | Action::ScrollUp => *scroll = scroll.saturating_sub(1),
+                Action::Down | Action::ScrollDown => *scroll = scroll.saturating_add(1),
+                Action::PageUp => *scroll = scroll.saturating_sub(ctx.page as u16),
+                Action::PageDown => *scroll = scroll.saturating_add(ctx.page as u16),
+                Action::Home => *scroll = 0,
+                _ => {}
+            }
+            return;
+        }
+        let n = self.rows.len();
+        let last = n.saturating_sub(1);
+        match a {
+            Action::Up | Action::ScrollUp => self.selected = self.selected.saturating_sub(1),
+            Action::Down | Action::ScrollDown => self.selected = (self.selected + 1).min(last),
+            Action::PageUp => self.selected = self.selected.saturating_sub(ctx.page),
+            Action::PageDown => self.selected = (self.selected + ctx.page).min(last),
+            Action::Home => self.selected = 0,
+            Action::End => self.selected = last,
+            Action::Enter | Action::Right | Action::Left => {
+                if let Some((path, row)) = self.rows.get(self.selected) {
+                    let path = path.clone();
+                    let want_open = match a {
+                        Action::Right => true,
+                        Action::Left => false,
+                        _ => !row.expanded,
+                    };
+                    if row.expandable && want_open {
+                        self.expanded.insert(path);
+                    } else if row.expanded {
+                        self.expanded.remove(&path);
+                    } else if matches!(a, Action::Left) {
+                        // Left on a leaf: go to its parent.
+                        if let Some((parent, _)) = path.rsplit_once('.') {
+                            if let Some(i) = self.rows.iter().position(|(p, _)| p == parent) {
+                                self.selected = i;
+                            }
+                        }
+                    }
+                    self.rebuild(ctx.file);
+                }
+            }
+            Action::Template => {
+                if ctx
+                    .file
+                    .header
+                    .tokenizer_config
+                    .as_ref()
+                    .and_then(|t| t.chat_template.as_ref())
+                    .is_some()
+                {
+                    self.template_scroll = Some(0);
+                } else {
+                    *ctx.flash = Some(
+                        "this file carries no chat template (the runtime falls back to ChatML)"
+                            .into(),
+                    );
+                }
+            }
+            Action::Click(x, y) => {
+                let b = ctx.body;
+                let left_w = b.width * 45 / 100;
+                if *x < b.x + left_w && *y > b.y && *y < b.y + b.height.saturating_sub(1) {
+                    let i = self.offset + (*y - b.y - 1) as usize;
+                    if i < n {
+                        self.selected = i;
+                    }
+                }
+            }
+            _ => {}
+        }
+        // Keep the cursor visible.
+        let h = ctx.page.max(1);
+        if self.selected < self.offset {
+            self.offset = self.selected;
+        } else if self.selected >= self.offset + h {
+            self.offset = self.selected + 1 - h;
+        }
+    }
+
+    pub fn status(&self, file: &CmfFile) -> (String, String) {
+        let path = self
+            .rows
+            .get(self.selected)
+            .map(|(p, _)| p.clone())
+            .unwrap_or_default();
+        (
+            format!(
+                "{} tensors · {} · header {}",
+                file.directory.len(),
+                human_bytes(file.len()),
+                cortiq_views::util::esc(&path)
+            ),
+            "Enter expand · t template".into(),
+        )
+    }
+
+    pub fn render(&self, f: &mut Frame, area: Rect, file: &CmfFile, theme: &Theme) {
+        let rows: Vec<TreeRow> = self.rows.iter().map(|(_, r)| r.clone()).collect();
+        let template = self.template_scroll.and_then(|s| {
+            file.header
+                .tokenizer_config
+                .as_ref()
+                .and_then(|t| t.chat_template.as_deref())
+                .map(|t| (t, s))
+        });
+        let vm = OverviewVm {
+            tree: &rows,
+            selected: self.selected,
+            offset: self.offset,
+            facts: &self.facts,
+            segments: &self.segments,
+            file_len: file.len(),
+            dtypes: &self.dtypes,
+            per_layer: &self.per_layer,
+            tokenizer: &self.tokenizer,
+            extra: &self.extra,
+            warnings: &file.warnings,
+            template,
+        };
+        overview::render(f, area, &vm, theme);
+    }
+}
+
+fn facts(file: &CmfFile) -> Vec<(String, String)> {
+    let e = &file.envelope;
+    let params: u64 = file.directory.iter().map(|t| t.numel()).sum();
+    let bytes: u64 = file.directory.iter().map(|t| t.nbytes).sum();
+    let arch = file.header.arch.as_ref();
+    let mut v = vec![
+        (
+            "arch".into(),
+            arch.map(|a| a.arch_name.clone())
+                .unwrap_or_else(|| "—".into()),
+        ),
+        (
+            "format".into(),
+            format!(
+                "CMF v{} · {}",
+                e.version,
+                feature::names(e.required_features).join(" ")
+            ),
+        ),
+        (
+            "tensors".into(),
+            format!(
+                "{} · {} parameters",
+                group_digits(file.directory.len() as u64),
+                group_digits(params)
+            ),
+        ),
+        (
+            "weights".into(),
+            format!(
+                "{} · {:.2} bits/weight",
+                human_bytes(bytes),
+                if params > 0 {
+                    bytes as f64 * 8.0 / params as f64
+                } else {
+                    0.0
+                }
+            ),
+        ),
+    ];
+    if let Some(a) = arch {
+        v.push((
+            "shape".into(),
+            format!(
+                "{} layers · hidden {} · ffn {} · heads {}/{} · vocab {}",
+                a.num_layers,
+                a.hidden_size,
+                a.intermediate_size
+                    .map(|x| x.to_string())
+                    .unwrap_or_else(|| "—".into()),
+                a.num_attention_heads
+                    .map(|x| x.to_string())
+                    .unwrap_or_else(|| "—".into()),
+                a.num_kv_heads
+                    .map(|x| x.to_string())
+                    .unwrap_or_else(|| "—".into()),
+                a.vocab_size
+            ),
+        ));
+        if let Some(m) = &a.moe {
+            v.push((
+                "moe".into(),
+                format!("{} experts, top-{}", m.num_experts, m.top_k),
+            ));
+        }
+        if let Some(n) = a.norm_style {
+            v.push(("norm_style".into(), format!("{n:?}").to_lowercase()));
+        }
+    }
+    v
+}
+
+fn segments(file: &CmfFile) -> Vec<Segment> {
+    let mut v = vec![Segment {
+        name: "envelope".into(),
+        off: 0,
+        len: 128,
+    }];
+    for k in SectionKind::ALL {
+        let s = file.envelope.section(k);
+        if s.is_present() {
+            v.push(Segment {
+                name: k.name().into(),
+                off: s.off,
+                len: s.len,
+            });
+        }
+    }
+    v
+}
+
+fn dtypes(file: &CmfFile) -> Vec<DtypeRow> {
+    let mut m: BTreeMap<u8, DtypeRow> = BTreeMap::new();
+    for t in file.directory.iter() {
+        let r = m.entry(t.dtype.id()).or_insert_with(|| DtypeRow {
+            dtype: t.dtype.name().into(),
+            tensors: 0,
+            params: 0,
+            bytes: 0,
+        });
+        r.tensors += 1;
+        r.params += t.numel();
+        r.bytes += t.nbytes;
+    }
+    m.into_values().collect()
+}
+
+fn per_layer(file: &CmfFile) -> Vec<(String, u64)> {
+    let mut m: BTreeMap<u64, u64> = BTreeMap::new();
+    for t in file.directory.iter() {
+        if let Some(l) = layer_of(&t.name) {
+            *m.entry(l).or_default() += t.nbytes;
+        }
+    }
+    m.into_iter().map(|(l, b)| (format!("L{l}"), b)).collect()
+}
+
+fn tokenizer(file: &CmfFile) -> Vec<(String, String)> {
+    let mut v = Vec::new();
+    match file.vocab_bytes() {
+        Some(b) => {
+            #[derive(serde::Deserialize)]
+            struct Model {
+                #[serde(rename = "type")]
+                kind: Option<String>,
+                #[serde(default)]
+                vocab: Option<serde_json::Map<String, Value>>,
+            }
+            #[derive(serde::Deserialize)]
+            struct Tok {
+                model: Option<Model>,
+                #[serde(default)]
+                added_tokens: Vec<serde::de::IgnoredAny>,
+            }
+            match serde_json::from_slice::<Tok>(b) {
+                Ok(t) => {
+                    let kind = t
+                        .model
+                        .as_ref()
+                        .and_then(|m| m.kind.clone())
+                        .unwrap_or_else(|| "?".into());
+                    let n = t
+                        .model
+                        .as_ref()
+                        .and_then(|m| m.vocab.as_ref())
+                        .map(|v| v.len())
+                        .unwrap_or(0);
+                    v.push((
+                        "tokenizer".into(),
+                        format!(
+                            "{kind}, {n} tokens + {} added · {}",
+                            t.added_tokens.len(),
+                            human_bytes(b.len() as u64)
+                        ),
+                    ));
+                }
+                Err(e) => v.push((
+                    "tokenizer".into(),
+                    format!("{} that does not parse: {e}", human_bytes(b.len() as u64)),
+                )),
+            }
+        }
+        None => v.push(("tokenizer".into(), "none embedded".into())),
+    }
+    match &file.header.tokenizer_config {
+        Some(tc) => {
+            v.push((
+                "template".into(),
+                tc.chat_template
+                    .as_ref()
+                    .map(|t| format!("{} chars (t shows it)", t.chars().count()))
+                    .unwrap_or_else(|| "none (ChatML fallback)".into()),
+            ));
+            v.push(("eos ids".into(), format!("{:?}", tc.eos_token_ids)));
+            v.push((
+                "bos / pad".into(),
+                format!(
+                    "{} / {}",
+                    tc.bos_token_id
+                        .map(|x| x.to_string())
+                        .unwrap_or_else(|| "—".into()),
+                    tc.pad_token_id
+                        .map(|x| x.to_string())
+                        .unwrap_or_else(|| "—".into())
+                ),
+            ));
+        }
+        None => v.push(("chat bundle".into(), "none (ChatML fallback)".into())),
+    }
+    v
+}
+
+fn extra(file: &CmfFile) -> Vec<(String, String)> {
+    let mut v = Vec::new();
+    v.push((
+        "shards".into(),
+        match file.header.shard {
+            Some(s) => format!("shard {} of {}", s.no, s.count),
+            None => "single file".into(),
+        },
+    ));
+    let comps = file.pipeline_components();
+    if !comps.is_empty() {
+        v.push(("pipeline".into(), comps.join(", ")));
+    }
+    if let Some(p) = &file.header.provenance {
+        v.push(("provenance".into(), p.to_string()));
+    }
+    if let Some(m) = &file.masks {
+        v.push((
+            "masks".into(),
+            m.meta
+                .masks
+                .iter()
+                .map(|r| r.name.clone())
+                .collect::<Vec<_>>()
+                .join(", "),
+        ));
+    }
+    if let Some(s) = &file.header.skills {
+        v.push((
+            "skills".into(),
+            s.iter()
+                .map(|r| r.id.clone())
+                .collect::<Vec<_>>()
+                .join(", "),
+        ));
+    }
+    if file.is_skill_file() {
+        v.push((
+            "skill file".into(),
+            "standalone skill file (not runnable; apply to its base)".into(),
+        ));
+    }
+    v
+}

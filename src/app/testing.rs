@@ -1,0 +1,113 @@
+//! Test harness: a headless app driven by Actions, rendered into ratatui's TestBackend.
+//! Worker reports are pumped from the channel explicitly, so tests are deterministic.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver};
+use std::time::{Duration, Instant};
+
+use cortiq_views::Theme;
+use ratatui::backend::TestBackend;
+use ratatui::Terminal;
+
+use super::jobs::Jobs;
+use super::keymap::Keymap;
+use super::{body_of, view, Action, App};
+
+/// `../shared/fixtures/cmf/<name>`; fails the test naming the path when missing.
+pub fn fixture(name: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/fixtures/cmf")
+        .join(name);
+    assert!(
+        p.is_file(),
+        "fixture missing: {} (the tests need ../shared/fixtures)",
+        p.display()
+    );
+    p
+}
+
+pub struct Harness {
+    pub app: App,
+    pub rx: Receiver<Action>,
+    pub width: u16,
+    pub height: u16,
+}
+
+impl Harness {
+    /// An app on `path` with the plain theme (snapshots carry no colours) at 120×36.
+    pub fn open(path: &Path) -> Harness {
+        let (tx, rx) = mpsc::channel();
+        let mut app = App::new(Theme::plain(), Keymap::default_map(), Jobs::new(tx));
+        app.open(path.to_path_buf());
+        let mut h = Harness {
+            app,
+            rx,
+            width: 120,
+            height: 36,
+        };
+        h.render(); // sets the body area, as the real loop does before the first key
+        h
+    }
+
+    pub fn fixture(name: &str) -> Harness {
+        Harness::open(&fixture(name))
+    }
+
+    pub fn act(&mut self, a: Action) -> &mut Harness {
+        self.app.update(a);
+        self
+    }
+
+    pub fn acts(&mut self, actions: impl IntoIterator<Item = Action>) -> &mut Harness {
+        for a in actions {
+            self.app.update(a);
+        }
+        self
+    }
+
+    /// Types a string as `Action::Input`s.
+    pub fn type_text(&mut self, s: &str) -> &mut Harness {
+        for c in s.chars() {
+            self.app.update(Action::Input(c));
+        }
+        self
+    }
+
+    /// Feeds worker reports to the app until `done(app)` holds; panics after 20 s.
+    pub fn pump_until(&mut self, what: &str, done: impl Fn(&App) -> bool) -> &mut Harness {
+        let start = Instant::now();
+        while !done(&self.app) {
+            match self.rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(a) => self.app.update(a),
+                Err(_) => assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "timed out waiting for {what}"
+                ),
+            }
+        }
+        self
+    }
+
+    /// The screen as text, one line per terminal row (trailing spaces trimmed).
+    pub fn render(&mut self) -> String {
+        let mut term =
+            Terminal::new(TestBackend::new(self.width, self.height)).expect("test terminal");
+        let frame = term
+            .draw(|f| {
+                self.app.body = body_of(f.area());
+                view(&self.app, f);
+            })
+            .expect("draw");
+        let buf = frame.buffer;
+        let mut out = String::new();
+        for y in 0..buf.area.height {
+            let mut line = String::new();
+            for x in 0..buf.area.width {
+                line.push_str(buf[(x, y)].symbol());
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}

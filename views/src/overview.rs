@@ -1,0 +1,336 @@
+//! View 1, Overview: the header as a browsable tree beside the file's facts — layout of
+//! sections, parameters and bytes per dtype and per layer, tokenizer and chat bundle,
+//! shards, pipeline components, provenance, warnings.
+
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Clear, Paragraph, Row, Table, Wrap};
+use ratatui::Frame;
+
+use crate::theme::Theme;
+use crate::util::{centered, esc, group_digits, human_bytes, truncate};
+
+/// One visible row of the header tree.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TreeRow {
+    pub depth: u16,
+    pub key: String,
+    /// Scalar value, or a summary (`{12 keys}`, `[4 items]`) for containers.
+    pub value: String,
+    pub expandable: bool,
+    pub expanded: bool,
+    /// A field the spec does not name (shown so unknown fields are visible).
+    pub unknown: bool,
+}
+
+/// One section of the file for the layout bar.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Segment {
+    pub name: String,
+    pub off: u64,
+    pub len: u64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct DtypeRow {
+    pub dtype: String,
+    pub tensors: u64,
+    pub params: u64,
+    pub bytes: u64,
+}
+
+pub struct OverviewVm<'a> {
+    pub tree: &'a [TreeRow],
+    pub selected: usize,
+    pub offset: usize,
+    pub facts: &'a [(String, String)],
+    pub segments: &'a [Segment],
+    pub file_len: u64,
+    pub dtypes: &'a [DtypeRow],
+    /// Bytes per layer, in layer order; `None` label for tensors outside layers.
+    pub per_layer: &'a [(String, u64)],
+    pub tokenizer: &'a [(String, String)],
+    pub extra: &'a [(String, String)],
+    pub warnings: &'a [String],
+    /// The chat template popup, when open.
+    pub template: Option<(&'a str, u16)>,
+}
+
+const SEGMENT_GLYPHS: [(&str, char, Color); 7] = [
+    ("envelope", 'E', Color::White),
+    ("header", 'H', Color::Cyan),
+    ("directory", 'D', Color::Magenta),
+    ("data", '█', Color::Blue),
+    ("masks", 'M', Color::Green),
+    ("vocab", 'V', Color::Yellow),
+    ("index", 'I', Color::Red),
+];
+
+fn glyph(name: &str) -> (char, Color) {
+    SEGMENT_GLYPHS
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map(|(_, g, c)| (*g, *c))
+        .unwrap_or(('·', Color::DarkGray))
+}
+
+pub fn render(f: &mut Frame, area: Rect, vm: &OverviewVm, theme: &Theme) {
+    let [left, right] =
+        Layout::horizontal([Constraint::Percentage(45), Constraint::Percentage(55)]).areas(area);
+    render_tree(f, left, vm, theme);
+
+    let dtype_h = vm.dtypes.len() as u16 + 4;
+    let tok_h = vm.tokenizer.len().max(1) as u16 + 2;
+    let extra_h = (vm.extra.len() + vm.warnings.len()) as u16 + 2;
+    let [facts, layout, dtypes, layers, tok, extra] = Layout::vertical([
+        Constraint::Length(vm.facts.len() as u16 + 2),
+        Constraint::Length(4),
+        Constraint::Length(dtype_h),
+        Constraint::Length(5),
+        Constraint::Length(tok_h),
+        Constraint::Min(extra_h.min(3)),
+    ])
+    .areas(right);
+    render_kv(f, facts, " file ", vm.facts, theme);
+    render_layout(f, layout, vm, theme);
+    render_dtypes(f, dtypes, vm, theme);
+    render_layers(f, layers, vm, theme);
+    render_kv(
+        f,
+        tok,
+        " tokenizer & chat (t: template) ",
+        vm.tokenizer,
+        theme,
+    );
+    let mut lines: Vec<Line> = vm
+        .extra
+        .iter()
+        .map(|(k, v)| {
+            Line::from(vec![
+                Span::styled(format!("{k:<12} "), theme.dim),
+                Span::raw(esc(v)),
+            ])
+        })
+        .collect();
+    for w in vm.warnings {
+        lines.push(Line::styled(format!("warning: {}", esc(w)), theme.warn));
+    }
+    f.render_widget(
+        Paragraph::new(lines)
+            .wrap(Wrap { trim: true })
+            .block(Block::bordered().title(" more ")),
+        extra,
+    );
+
+    if let Some((text, scroll)) = vm.template {
+        let r = centered(
+            area,
+            area.width.saturating_sub(6),
+            area.height.saturating_sub(2),
+        );
+        f.render_widget(Clear, r);
+        // Shown verbatim but escaped: line breaks kept, other control characters visible.
+        let lines: Vec<Line> = text.split('\n').map(|l| Line::raw(esc(l))).collect();
+        f.render_widget(
+            Paragraph::new(lines).scroll((scroll, 0)).block(
+                Block::bordered()
+                    .title(" chat template — ↑↓ scroll, Esc closes ")
+                    .border_style(theme.accent),
+            ),
+            r,
+        );
+    }
+}
+
+fn render_tree(f: &mut Frame, area: Rect, vm: &OverviewVm, theme: &Theme) {
+    let h = area.height.saturating_sub(2) as usize;
+    let lines: Vec<Line> = vm
+        .tree
+        .iter()
+        .enumerate()
+        .skip(vm.offset)
+        .take(h)
+        .map(|(i, r)| {
+            let marker = if !r.expandable {
+                "  "
+            } else if r.expanded {
+                "▾ "
+            } else {
+                "▸ "
+            };
+            let key_style = if r.unknown { theme.warn } else { theme.accent };
+            let indent = "  ".repeat(r.depth as usize);
+            let budget = (area.width as usize).saturating_sub(indent.len() + r.key.len() + 8);
+            let line = Line::from(vec![
+                Span::raw(indent),
+                Span::raw(marker),
+                Span::styled(esc(&r.key), key_style),
+                Span::styled(": ", theme.dim),
+                Span::raw(truncate(&esc(&r.value), budget)),
+            ]);
+            if i == vm.selected {
+                line.style(theme.selected)
+            } else {
+                line
+            }
+        })
+        .collect();
+    f.render_widget(
+        Paragraph::new(lines)
+            .block(Block::bordered().title(" header (Enter expands; yellow = not in the spec) ")),
+        area,
+    );
+}
+
+fn render_kv(f: &mut Frame, area: Rect, title: &str, kv: &[(String, String)], theme: &Theme) {
+    let lines: Vec<Line> = kv
+        .iter()
+        .map(|(k, v)| {
+            Line::from(vec![
+                Span::styled(format!("{k:<14} "), theme.dim),
+                Span::raw(esc(v)),
+            ])
+        })
+        .collect();
+    f.render_widget(
+        Paragraph::new(lines).block(Block::bordered().title(title.to_string())),
+        area,
+    );
+}
+
+fn render_layout(f: &mut Frame, area: Rect, vm: &OverviewVm, theme: &Theme) {
+    let inner_w = area.width.saturating_sub(2) as usize;
+    let mut bar = vec![(' ', Color::Reset); inner_w];
+    if vm.file_len > 0 && inner_w > 0 {
+        for s in vm.segments {
+            let a = (s.off as u128 * inner_w as u128 / vm.file_len as u128) as usize;
+            let b = (((s.off + s.len) as u128 * inner_w as u128).div_ceil(vm.file_len as u128)
+                as usize)
+                .max(a + 1);
+            for c in bar.iter_mut().take(b.min(inner_w)).skip(a) {
+                *c = glyph(&s.name);
+            }
+        }
+    }
+    let bar_line = Line::from(
+        bar.iter()
+            .map(|&(g, c)| {
+                let style = if theme.color {
+                    Style::default().fg(c)
+                } else {
+                    Style::default()
+                };
+                Span::styled(g.to_string(), style)
+            })
+            .collect::<Vec<_>>(),
+    );
+    let legend: Vec<Span> = vm
+        .segments
+        .iter()
+        .filter(|s| s.name != "envelope")
+        .flat_map(|s| {
+            let (g, c) = glyph(&s.name);
+            let style = if theme.color {
+                Style::default().fg(c)
+            } else {
+                Style::default()
+            };
+            [
+                Span::styled(format!("{g}"), style),
+                Span::raw(format!(" {} {}  ", s.name, human_bytes(s.len))),
+            ]
+        })
+        .collect();
+    f.render_widget(
+        Paragraph::new(vec![bar_line, Line::from(legend)])
+            .block(Block::bordered().title(format!(" layout — {} ", human_bytes(vm.file_len)))),
+        area,
+    );
+}
+
+fn render_dtypes(f: &mut Frame, area: Rect, vm: &OverviewVm, theme: &Theme) {
+    let total_p: u64 = vm.dtypes.iter().map(|d| d.params).sum();
+    let total_b: u64 = vm.dtypes.iter().map(|d| d.bytes).sum();
+    let bpw = |b: u64, p: u64| {
+        if p == 0 {
+            "—".to_string()
+        } else {
+            format!("{:.2}", b as f64 * 8.0 / p as f64)
+        }
+    };
+    let mut rows: Vec<Row> = vm
+        .dtypes
+        .iter()
+        .map(|d| {
+            Row::new(vec![
+                d.dtype.clone(),
+                d.tensors.to_string(),
+                group_digits(d.params),
+                human_bytes(d.bytes),
+                bpw(d.bytes, d.params),
+            ])
+        })
+        .collect();
+    rows.push(
+        Row::new(vec![
+            "total".to_string(),
+            vm.dtypes.iter().map(|d| d.tensors).sum::<u64>().to_string(),
+            group_digits(total_p),
+            human_bytes(total_b),
+            bpw(total_b, total_p),
+        ])
+        .style(theme.title),
+    );
+    let widths = [
+        Constraint::Length(10),
+        Constraint::Length(8),
+        Constraint::Length(16),
+        Constraint::Length(11),
+        Constraint::Length(6),
+    ];
+    f.render_widget(
+        Table::new(rows, widths)
+            .header(
+                Row::new(vec!["dtype", "tensors", "parameters", "bytes", "bits/w"])
+                    .style(theme.dim),
+            )
+            .block(Block::bordered().title(" parameters per dtype ")),
+        area,
+    );
+}
+
+fn render_layers(f: &mut Frame, area: Rect, vm: &OverviewVm, theme: &Theme) {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let max = vm
+        .per_layer
+        .iter()
+        .map(|(_, b)| *b)
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let w = area.width.saturating_sub(2) as usize;
+    let layers: Vec<&(String, u64)> = vm.per_layer.iter().collect();
+    let spark: String = layers
+        .iter()
+        .take(w)
+        .map(|(_, b)| BARS[((*b as f64 / max as f64) * 7.0).round() as usize])
+        .collect();
+    let first = layers.first().map(|(l, _)| l.as_str()).unwrap_or("");
+    let last = layers.last().map(|(l, _)| l.as_str()).unwrap_or("");
+    let lines = vec![
+        Line::styled(spark, theme.accent),
+        Line::styled(
+            format!(
+                "{first} … {last}   max {} per layer{}",
+                human_bytes(max),
+                if layers.len() > w { " (cut)" } else { "" }
+            ),
+            theme.dim,
+        ),
+    ];
+    f.render_widget(
+        Paragraph::new(lines).block(Block::bordered().title(" bytes per layer ")),
+        area,
+    );
+}
