@@ -42,7 +42,7 @@ fn overview_snapshot_and_tree_navigation() {
         screen.contains("num_experts") || screen.contains("moe"),
         "{screen}"
     );
-    h.act(Action::Down); // arch.arch_name
+    h.acts([Action::Down, Action::Down, Action::Down]); // format, version, arch, arch.arch_name
     h.act(Action::Left); // to arch
     h.act(Action::Left); // collapse arch
     let screen = h.render();

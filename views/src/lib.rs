@@ -7,4 +7,8 @@ pub mod theme;
 pub mod util;
 
 pub use theme::Theme;
+pub mod integrity;
+pub mod masks;
 pub mod overview;
+pub mod skills;
+pub mod tensors;
