@@ -24,7 +24,8 @@ run() { # name, ours-cmd, ref-cmd
 import json, sys
 r = {x["command"]: x for x in json.load(open(sys.argv[1]))["results"]}
 o, f, size = r["ours"]["mean"], r["reference"]["mean"], int(sys.argv[3])
-print(f"{sys.argv[2]:<8} ours {o*1e3:9.2f} ms   reference {f*1e3:9.2f} ms   reference/ours {f/o:6.2f}x   ours {size/o/1e9:6.2f} GB/s")
+rate = f"   ours {size/o/1e9:6.2f} GB/s" if sys.argv[2] == "verify" else ""
+print(f"{sys.argv[2]:<8} ours {o*1e3:9.2f} ms   reference {f*1e3:9.2f} ms   reference/ours {f/o:6.2f}x{rate}")
 PY
 }
 echo "== $(nproc) cores, file $(du -h "$FILE" | cut -f1)"

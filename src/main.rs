@@ -21,15 +21,17 @@ use cli::common::CmdResult;
     version,
     about,
     long_about = "Inspect, verify and run CMF v2 model files.\n\n\
-        `cortiq FILE` opens FILE in the interactive workbench (not built yet: for now it \
-        prints what `cortiq info FILE` prints). Every view is also a subcommand; those that \
-        print take --json for one JSON document on stdout.\n\n\
+        `cortiq FILE` opens FILE in the interactive workbench (`cortiq` alone opens a file \
+        picker); when standard output is not a terminal it prints what `cortiq info FILE` \
+        prints. Every view is also a subcommand; those that print take --json for one JSON \
+        document on stdout.\n\n\
+        Config: <config dir>/cortiq/config.toml (or $CORTIQ_CONFIG): theme, colors, keys. \
+        NO_COLOR is honoured. Logs: <cache dir>/cortiq/cortiq.log (or $CORTIQ_LOG).\n\n\
         Exit codes: 0 success; 1 the file is invalid or fails verification; 2 usage or I/O error.",
-    args_conflicts_with_subcommands = true,
-    arg_required_else_help = true
+    args_conflicts_with_subcommands = true
 )]
 struct Cli {
-    /// Model file to open in the workbench (for now: `cortiq info FILE`).
+    /// Model file to open in the workbench.
     file: Option<PathBuf>,
 
     #[command(subcommand)]
@@ -38,7 +40,7 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Open FILE in the interactive workbench (for now: prints `info`).
+    /// Open FILE in the interactive workbench (a picker without FILE).
     Tui(TuiArgs),
     /// Envelope, sections, header, tensor totals, tokenizer, masks, skills, warnings.
     Info(cli::info::Args),
@@ -66,8 +68,8 @@ enum Command {
 /// Arguments of `cortiq tui`; the workbench task will move this into `src/app`.
 #[derive(clap::Args, Debug)]
 struct TuiArgs {
-    /// Model file.
-    file: PathBuf,
+    /// Model file; without it, a picker over the `.cmf` files of the current directory.
+    file: Option<PathBuf>,
 }
 
 impl Command {
@@ -90,10 +92,7 @@ impl Command {
 
     fn run(&self) -> CmdResult {
         match self {
-            Command::Tui(a) => match app::terminal::run(Some(&a.file)) {
-                Ok(()) => Ok(cli::common::Status::Success),
-                Err(e) => Err(cli::common::CliError::io(e)),
-            },
+            Command::Tui(a) => tui(a.file.as_deref()),
             Command::Info(a) => cli::info::run(a),
             Command::Tensors(a) => cli::tensors::run(a),
             Command::Masks(a) => cli::masks::run(a),
@@ -108,14 +107,29 @@ impl Command {
     }
 }
 
+/// The workbench on a terminal; `info` (or usage help) when output goes to a pipe or file,
+/// so `cortiq FILE | less` and scripts still get something useful.
+fn tui(file: Option<&std::path::Path>) -> CmdResult {
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
+        return match file {
+            Some(f) => cli::info::run(&cli::info::Args::text(f.to_path_buf())),
+            None => Err(cli::common::CliError::usage(
+                "no file given and no terminal for the picker (see --help)",
+            )),
+        };
+    }
+    app::terminal::run(file)
+        .map(|()| cli::common::Status::Success)
+        .map_err(cli::common::CliError::io)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // `cortiq FILE` is the workbench's entry point; until it exists it shows `info`.
     let command = match (cli.command, cli.file) {
         (Some(c), _) => c,
-        (None, Some(file)) => Command::Tui(TuiArgs { file }),
-        // arg_required_else_help already printed help and exited 2 for a bare `cortiq`.
-        (None, None) => return ExitCode::from(2),
+        (None, file) => Command::Tui(TuiArgs { file }),
     };
     match command.run() {
         Ok(status) => status.into(),

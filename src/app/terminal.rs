@@ -93,6 +93,13 @@ pub fn run(file: Option<&Path>) -> Result<(), String> {
     let mut terminal =
         ratatui::try_init().map_err(|e| format!("cannot start the terminal UI: {e}"))?;
     let _ = execute!(std::io::stdout(), EnableMouseCapture);
+    // On a panic: log it, release the mouse, then ratatui's hook restores the terminal.
+    let restore = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        log::error!("panic: {info}");
+        let _ = execute!(std::io::stdout(), DisableMouseCapture);
+        restore(info);
+    }));
     let result = (|| -> Result<(), String> {
         let mut first = true;
         loop {

@@ -1,6 +1,6 @@
 //! `cortiq demo`: writes the self-made demo model (every writable dtype, task masks with
 //! expert fields, a skill, MoE layers — see `cortiq_engine::synth`), verifies it, and shows
-//! it. The workbench task makes it open the TUI when run on a terminal.
+//! it: in the workbench when run on a terminal, as a printed summary otherwise.
 
 use std::path::PathBuf;
 
@@ -18,6 +18,16 @@ pub struct Args {
     /// One JSON document on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Print the summary instead of opening the workbench (the default off a terminal).
+    #[arg(long)]
+    pub no_tui: bool,
+}
+
+impl Args {
+    fn open_workbench(&self) -> bool {
+        use std::io::IsTerminal;
+        !self.no_tui && std::io::stdout().is_terminal() && std::io::stdin().is_terminal()
+    }
 }
 
 pub fn run(args: &Args) -> CmdResult {
@@ -71,6 +81,9 @@ pub fn run(args: &Args) -> CmdResult {
                 .join(", "))
             .unwrap_or_default(),
     ))?;
+    if args.open_workbench() {
+        return crate::tui(Some(&args.output));
+    }
     super::info::run(&super::info::Args::text(args.output.clone()))?;
     emit(&format!(
         "\nExplore it: cortiq tensors {0} | cortiq masks {0} | cortiq skills {0} | cortiq verify {0}\n",

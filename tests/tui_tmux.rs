@@ -1,0 +1,202 @@
+//! End-to-end: the workbench in a real terminal. tmux runs `cortiq` on a fixture, keys are
+//! sent with send-keys and the screen is read with capture-pane: every view is visited,
+//! tensors are filtered, a histogram opened, verify run to green, a corrupted copy opened
+//! to its error view, and quitting leaves the terminal (the tmux pane) cleanly.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn fixture(name: &str) -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/fixtures/cmf")
+        .join(name);
+    assert!(p.is_file(), "fixture missing: {}", p.display());
+    p
+}
+
+fn tmux(args: &[&str]) -> std::process::Output {
+    Command::new("tmux")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("tmux is needed for the end-to-end terminal test (apt-get install -y tmux): {e}")
+        })
+}
+
+struct Session {
+    name: String,
+}
+
+impl Session {
+    fn start(name: &str, file: &Path, log: &Path) -> Session {
+        Session::start_with(name, file, log, "")
+    }
+
+    fn start_with(name: &str, file: &Path, log: &Path, env: &str) -> Session {
+        let _ = tmux(&["kill-session", "-t", name]);
+        let cmd = format!(
+            "env {env} CORTIQ_LOG={} CORTIQ_CONFIG=/nonexistent/cortiq.toml TERM=xterm-256color {} {}",
+            log.display(),
+            env!("CARGO_BIN_EXE_cortiq"),
+            file.display()
+        );
+        // The pane stays after the program exits, so what it left on the screen can be read.
+        let o = tmux(&[
+            "new-session",
+            "-d",
+            "-s",
+            name,
+            "-x",
+            "140",
+            "-y",
+            "40",
+            "sh",
+            "-c",
+            &format!("{cmd}; echo EXITED $?; sleep 30"),
+        ]);
+        assert!(
+            o.status.success(),
+            "tmux new-session: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        Session {
+            name: name.to_string(),
+        }
+    }
+
+    fn screen(&self) -> String {
+        String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", &self.name]).stdout)
+            .into_owned()
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        for k in keys {
+            let o = tmux(&["send-keys", "-t", &self.name, k]);
+            assert!(o.status.success(), "send-keys {k}");
+            std::thread::sleep(Duration::from_millis(60));
+        }
+    }
+
+    fn literal(&self, text: &str) {
+        let o = tmux(&["send-keys", "-t", &self.name, "-l", text]);
+        assert!(o.status.success());
+        std::thread::sleep(Duration::from_millis(60));
+    }
+
+    /// Waits until the screen contains every needle; fails with the screen.
+    fn wait_for(&self, needles: &[&str]) -> String {
+        let start = Instant::now();
+        loop {
+            let s = self.screen();
+            if needles.iter().all(|n| s.contains(n)) {
+                return s;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "waited for {needles:?}; the screen is:\n{s}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits for cortiq to exit; returns its exit status line and the screen it left.
+    fn wait_exit(&self) -> String {
+        let s = self.wait_for(&["EXITED"]);
+        s
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = tmux(&["kill-session", "-t", &self.name]);
+    }
+}
+
+#[test]
+fn the_workbench_in_a_real_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("moe.cmf");
+    std::fs::copy(fixture("qwen3_moe-masked.cmf"), &model).unwrap();
+    let log = dir.path().join("cortiq.log");
+    let s = Session::start("cortiq-e2e", &model, &log);
+
+    // 1 Overview
+    s.wait_for(&["1 Overview", "5 Integrity", "arch_name", "qwen3_moe"]);
+    // 2 Tensors: filter, then details with the histogram.
+    s.keys(&["2"]);
+    s.wait_for(&["lm_head.weight", "model.embed_tokens.weight"]);
+    s.keys(&["/"]);
+    s.literal("lm_head");
+    s.keys(&["Enter"]);
+    let screen = s.wait_for(&["lm_head.weight"]);
+    assert!(
+        !screen.contains("model.embed_tokens.weight"),
+        "the filter keeps only lm_head:\n{screen}"
+    );
+    s.keys(&["Enter"]);
+    s.wait_for(&["std", "histogram"]);
+    // 3 Masks, 4 Skills
+    s.keys(&["3"]);
+    s.wait_for(&["code"]);
+    s.keys(&["4"]);
+    s.wait_for(&["4 Skills", "no skills"]);
+    // 5 Integrity: verify to green.
+    s.keys(&["5", "v"]);
+    s.wait_for(&["OK"]);
+    // Help, then quit cleanly.
+    s.keys(&["?"]);
+    s.wait_for(&["help", "run verify"]);
+    s.keys(&["Escape", "q"]);
+    let after = s.wait_exit();
+    assert!(after.contains("EXITED 0"), "{after}");
+    assert!(
+        !after.contains("5 Integrity"),
+        "the alternate screen is left on quit:\n{after}"
+    );
+    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        log_text.contains("first frame after"),
+        "the log records the first frame:\n{log_text}"
+    );
+
+    // A corrupted copy opens to a readable error view naming the §1.2 error.
+    let bad = dir.path().join("bad.cmf");
+    let mut b = std::fs::read(fixture("qwen3-q4.cmf")).unwrap();
+    b[0] = b'X';
+    std::fs::write(&bad, b).unwrap();
+    let s = Session::start("cortiq-e2e-bad", &bad, &log);
+    s.wait_for(&["Cannot open", "InvalidMagic"]);
+    s.keys(&["q"]);
+    assert!(s.wait_exit().contains("EXITED 0"));
+}
+
+#[test]
+fn a_panic_restores_the_terminal_and_is_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("cortiq.log");
+    let s = Session::start_with(
+        "cortiq-e2e-panic",
+        &fixture("qwen3-q4.cmf"),
+        &log,
+        "CORTIQ_PANIC_AFTER_FIRST_FRAME=1",
+    );
+    let after = s.wait_exit();
+    assert!(
+        after.contains("panic requested"),
+        "the panic message is shown after the terminal is restored:\n{after}"
+    );
+    assert!(
+        !after.contains("1 Overview"),
+        "the alternate screen was left:\n{after}"
+    );
+    assert!(
+        !after.contains("EXITED 0"),
+        "a panic is not a success:\n{after}"
+    );
+    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        log_text.contains("panic"),
+        "the panic is logged:\n{log_text}"
+    );
+}
