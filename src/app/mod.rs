@@ -103,7 +103,6 @@ pub enum Action {
     Cancel,
     /// Open the file picker (`o`).
     OpenPicker,
-    Open(PathBuf),
     /// Mouse: a click at terminal cell (column, row); wheel.
     Click(u16, u16),
     ScrollUp,
@@ -203,7 +202,10 @@ impl App {
     }
 
     pub fn update(&mut self, action: Action) {
-        self.flash = None;
+        // A message stays until the user does something; worker reports do not clear it.
+        if !matches!(action, Action::Job(_)) {
+            self.flash = None;
+        }
         match &action {
             Action::Quit => {
                 self.quit = true;
@@ -230,10 +232,6 @@ impl App {
                 self.screen = Screen::Picker(picker::Picker::new(
                     dir.unwrap_or_else(|| std::env::current_dir().unwrap_or_default()),
                 ));
-                return;
-            }
-            Action::Open(p) => {
-                self.open(p.clone());
                 return;
             }
             _ => {}

@@ -115,6 +115,10 @@ pub fn run(file: Option<&Path>) -> Result<(), String> {
                     start.elapsed().as_secs_f64() * 1e3
                 );
                 first = false;
+                // Lets the end-to-end test check that a panic restores the terminal.
+                if std::env::var_os("CORTIQ_PANIC_AFTER_FIRST_FRAME").is_some() {
+                    panic!("panic requested by CORTIQ_PANIC_AFTER_FIRST_FRAME");
+                }
             }
             if app.quit {
                 return Ok(());
