@@ -128,7 +128,8 @@ pub struct ModelScreen {
     pub file: Arc<CmfFile>,
     pub tab: Tab,
     pub overview: overview::OverviewState,
-    pub tensors: tensors::TensorsState,
+    /// Built on the first visit: indexing 10⁵ names should not delay the first frame.
+    pub tensors: Option<tensors::TensorsState>,
     pub masks: masks::MasksState,
     pub skills: skills::SkillsState,
     pub integrity: integrity::IntegrityState,
@@ -177,16 +178,35 @@ impl App {
     pub fn open(&mut self, path: PathBuf) {
         self.jobs.cancel_all();
         log::info!("open {}", path.display());
+        let t0 = std::time::Instant::now();
+        let ms = |t: std::time::Instant| t.elapsed().as_secs_f64() * 1e3;
         self.screen = match CmfFile::open(&path) {
             Ok(f) => {
                 let file = Arc::new(f);
+                let t_open = ms(t0);
+                let t = std::time::Instant::now();
+                let overview = overview::OverviewState::new(&file);
+                let t_overview = ms(t);
+                let t = std::time::Instant::now();
+                let (masks, skills) = (
+                    masks::MasksState::new(&file),
+                    skills::SkillsState::new(&file),
+                );
+                let t_masks = ms(t);
+                let t = std::time::Instant::now();
+                let integrity = integrity::IntegrityState::new(&file);
+                log::info!(
+                    "opened {} tensors: file {t_open:.1} ms, overview {t_overview:.1}, masks+skills {t_masks:.1}, integrity {:.1}",
+                    file.directory.len(),
+                    ms(t)
+                );
                 Screen::Model(Box::new(ModelScreen {
                     tab: Tab::Overview,
-                    overview: overview::OverviewState::new(&file),
-                    tensors: tensors::TensorsState::new(&file),
-                    masks: masks::MasksState::new(&file),
-                    skills: skills::SkillsState::new(&file),
-                    integrity: integrity::IntegrityState::new(&file),
+                    overview,
+                    tensors: None,
+                    masks,
+                    skills,
+                    integrity,
                     file,
                 }))
             }
@@ -269,18 +289,27 @@ impl App {
                         };
                         // Job reports go to whichever view owns them, whatever tab is shown.
                         if let Action::Job(report) = &action {
-                            m.tensors.on_job(report);
+                            if let Some(t) = &mut m.tensors {
+                                t.on_job(report);
+                            }
                             m.integrity.on_job(report);
                             return;
                         }
                         match m.tab {
                             Tab::Overview => m.overview.update(&action, &mut ctx),
-                            Tab::Tensors => m.tensors.update(&action, &mut ctx),
+                            Tab::Tensors => {
+                                if let Some(t) = &mut m.tensors {
+                                    t.update(&action, &mut ctx)
+                                }
+                            }
                             Tab::Masks => m.masks.update(&action, &mut ctx),
                             Tab::Skills => m.skills.update(&action, &mut ctx),
                             Tab::Integrity => m.integrity.update(&action, &mut ctx),
                         }
                     }
+                }
+                if m.tab == Tab::Tensors && m.tensors.is_none() {
+                    m.tensors = Some(tensors::TensorsState::new(&m.file));
                 }
             }
         }
@@ -289,7 +318,9 @@ impl App {
     /// Whether a text field has focus (keys then type instead of commanding).
     pub fn typing(&self) -> bool {
         match &self.screen {
-            Screen::Model(m) => m.tab == Tab::Tensors && m.tensors.typing(),
+            Screen::Model(m) => {
+                m.tab == Tab::Tensors && m.tensors.as_ref().is_some_and(|t| t.typing())
+            }
             _ => false,
         }
     }
@@ -355,7 +386,11 @@ pub fn view(app: &App, f: &mut Frame) {
         Screen::Model(m) => {
             let (status, hint) = match m.tab {
                 Tab::Overview => m.overview.status(&m.file),
-                Tab::Tensors => m.tensors.status(&m.file),
+                Tab::Tensors => m
+                    .tensors
+                    .as_ref()
+                    .map(|t| t.status(&m.file))
+                    .unwrap_or_default(),
                 Tab::Masks => m.masks.status(&m.file),
                 Tab::Skills => m.skills.status(&m.file),
                 Tab::Integrity => m.integrity.status(&m.file),
@@ -369,13 +404,20 @@ pub fn view(app: &App, f: &mut Frame) {
                 hint: format!("{hint} · ? help · q quit"),
                 job: m
                     .tensors
-                    .job_progress()
+                    .as_ref()
+                    .and_then(|t| t.job_progress())
                     .or_else(|| m.integrity.job_progress()),
             };
             let body = chrome::render_chrome(f, area, &chrome, &app.theme);
             match m.tab {
                 Tab::Overview => m.overview.render(f, body, &m.file, &app.theme),
-                Tab::Tensors => m.tensors.render(f, body, &m.file, &app.theme),
+                Tab::Tensors => match &m.tensors {
+                    Some(t) => t.render(f, body, &m.file, &app.theme),
+                    None => f.render_widget(
+                        ratatui::widgets::Paragraph::new(" indexing tensors…"),
+                        body,
+                    ),
+                },
                 Tab::Masks => m.masks.render(f, body, &m.file, &app.theme),
                 Tab::Skills => m.skills.render(f, body, &m.file, &app.theme),
                 Tab::Integrity => m.integrity.render(f, body, &m.file, &app.theme),

@@ -1136,7 +1136,7 @@ mod tests {
 
     fn state(app: &App) -> &TensorsState {
         match &app.screen {
-            Screen::Model(m) => &m.tensors,
+            Screen::Model(m) => m.tensors.as_ref().expect("the Tensors view was visited"),
             _ => panic!("no model open"),
         }
     }

@@ -1,7 +1,5 @@
 //! The binary tensor directory (spec §3): count, pool offset, 56-byte records, name pool.
 
-use std::collections::HashMap;
-
 use super::dtype::{DType, Size};
 use super::envelope::TENSOR_ALIGN;
 use super::error::{bounds, parse, Result};
@@ -65,7 +63,9 @@ pub fn layer_of(name: &str) -> Option<u64> {
 #[derive(Clone, Debug, Default)]
 pub struct Directory {
     pub entries: Vec<TensorEntry>,
-    by_name: HashMap<String, usize>,
+    /// Entry indices sorted by name: lookups by binary search, without a second copy of
+    /// every name (a directory may hold 10⁵ tensors and is parsed at every open).
+    by_name: Vec<u32>,
 }
 
 fn u16_at(b: &[u8], at: usize) -> u16 {
@@ -80,12 +80,20 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 
 impl Directory {
     pub fn new(entries: Vec<TensorEntry>) -> Result<Directory> {
-        let mut by_name = HashMap::with_capacity(entries.len());
-        for (i, e) in entries.iter().enumerate() {
-            if by_name.insert(e.name.clone(), i).is_some() {
+        if entries.len() > u32::MAX as usize {
+            return Err(bounds(format!(
+                "{} tensors exceed what a directory can index",
+                entries.len()
+            )));
+        }
+        let mut by_name: Vec<u32> = (0..entries.len() as u32).collect();
+        by_name.sort_unstable_by(|&a, &b| entries[a as usize].name.cmp(&entries[b as usize].name));
+        for w in by_name.windows(2) {
+            let name = &entries[w[0] as usize].name;
+            if *name == entries[w[1] as usize].name {
                 return Err(parse(format!(
                     "tensor name {:?} appears twice in the directory",
-                    e.name
+                    crate::format::escape_str(name)
                 )));
             }
         }
@@ -144,11 +152,15 @@ impl Directory {
     }
 
     pub fn get(&self, name: &str) -> Option<&TensorEntry> {
-        self.by_name.get(name).map(|&i| &self.entries[i])
+        self.index_of(name).map(|i| &self.entries[i])
     }
 
     pub fn index_of(&self, name: &str) -> Option<usize> {
-        self.by_name.get(name).copied()
+        let pos = self
+            .by_name
+            .binary_search_by(|&i| self.entries[i as usize].name.as_str().cmp(name))
+            .ok()?;
+        Some(self.by_name[pos] as usize)
     }
 
     pub fn len(&self) -> usize {
@@ -222,7 +234,7 @@ fn parse_record(i: usize, r: &[u8], pool: &[u8], data_len: u64) -> Result<Tensor
     if ndim > MAX_NDIM {
         return Err(parse(at(&format!("ndim {ndim} exceeds 6"))));
     }
-    let dims: Vec<u64> = (0..MAX_NDIM).map(|d| u32_at(r, 8 + d * 4) as u64).collect();
+    let dims: [u64; MAX_NDIM] = std::array::from_fn(|d| u32_at(r, 8 + d * 4) as u64);
     if dims[ndim..].iter().any(|&d| d != 0) {
         return Err(parse(at(&format!(
             "shape has non-zero entries beyond ndim {ndim}: {dims:?}"
@@ -296,7 +308,7 @@ mod tests {
         let kind = |es: Vec<TensorEntry>, data_len| {
             let b = Directory {
                 entries: es,
-                by_name: HashMap::new(),
+                by_name: Vec::new(),
             }
             .to_bytes();
             Directory::parse(&b, data_len).unwrap_err().kind()
