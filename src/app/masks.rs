@@ -124,18 +124,11 @@ impl MasksState {
         let last_visit = self.visits.saturating_sub(1);
         if let Some(scroll) = self.detail {
             let max = self.detail_max_scroll(ctx);
-            let page = ctx.page as u16;
             let next = match a {
                 Action::Back | Action::Enter => {
                     self.detail = None;
                     return;
                 }
-                Action::Up | Action::ScrollUp => scroll.saturating_sub(1),
-                Action::Down | Action::ScrollDown => scroll.saturating_add(1),
-                Action::PageUp => scroll.saturating_sub(page),
-                Action::PageDown => scroll.saturating_add(page),
-                Action::Home => 0,
-                Action::End => max,
                 Action::Left => {
                     self.visit = self.visit.saturating_sub(1);
                     scroll
@@ -144,7 +137,7 @@ impl MasksState {
                     self.visit = (self.visit + 1).min(last_visit);
                     scroll
                 }
-                _ => scroll,
+                a => super::scrolled(a, scroll, ctx.page as u16, max).unwrap_or(scroll),
             };
             // Bound after moving: another layer of another task may be shorter.
             self.detail = Some(next.min(self.detail_max_scroll(ctx)));

@@ -326,6 +326,21 @@ impl App {
     }
 }
 
+/// The new offset of a scrolled popup or panel for a movement action (`None` for any
+/// other action): one line, a page, or either end, kept within `0..=max`.
+pub fn scrolled(a: &Action, pos: u16, page: u16, max: u16) -> Option<u16> {
+    let next = match a {
+        Action::Up | Action::ScrollUp => pos.saturating_sub(1),
+        Action::Down | Action::ScrollDown => pos.saturating_add(1),
+        Action::PageUp => pos.saturating_sub(page),
+        Action::PageDown => pos.saturating_add(page),
+        Action::Home => 0,
+        Action::End => max,
+        _ => return None,
+    };
+    Some(next.min(max))
+}
+
 /// The tab whose title covers column `x` of the top line (as `render_chrome` lays it out).
 fn tab_at(_keymap: &Keymap, m: &ModelScreen, x: u16) -> Option<Tab> {
     let title = file_title(&m.file);

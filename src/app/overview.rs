@@ -173,16 +173,19 @@ impl OverviewState {
     }
 
     pub fn update(&mut self, a: &Action, ctx: &mut Ctx) {
-        if let Some(scroll) = &mut self.template_scroll {
-            match a {
-                Action::Back | Action::Template | Action::Enter => self.template_scroll = None,
-                Action::Up | Action::ScrollUp => *scroll = scroll.saturating_sub(1),
-                Action::Down | Action::ScrollDown => *scroll = scroll.saturating_add(1),
-                Action::PageUp => *scroll = scroll.saturating_sub(ctx.page as u16),
-                Action::PageDown => *scroll = scroll.saturating_add(ctx.page as u16),
-                Action::Home => *scroll = 0,
-                _ => {}
-            }
+        if let Some(scroll) = self.template_scroll {
+            let lines = ctx
+                .file
+                .header
+                .tokenizer_config
+                .as_ref()
+                .and_then(|t| t.chat_template.as_ref())
+                .map_or(0, |t| t.lines().count());
+            let max = lines.saturating_sub(ctx.page).min(u16::MAX as usize) as u16;
+            self.template_scroll = match a {
+                Action::Back | Action::Template | Action::Enter => None,
+                a => Some(super::scrolled(a, scroll, ctx.page as u16, max).unwrap_or(scroll)),
+            };
             return;
         }
         let n = self.rows.len();

@@ -32,7 +32,10 @@ pub struct SkillsState {
 impl SkillsState {
     pub fn new(file: &CmfFile) -> SkillsState {
         let skills = file.header.skills.as_deref().unwrap_or_default();
-        let (owned, orphans) = assign_tensors(file, skills);
+        let cortiq_engine::format::skills::SkillOwnership {
+            per_skill: owned,
+            orphans,
+        } = cortiq_engine::format::skills::assign_tensors(file, skills);
         let mut rows = Vec::new();
         let mut infos = Vec::new();
         for (record, entries) in skills.iter().zip(&owned) {
@@ -73,21 +76,10 @@ impl SkillsState {
                 .map_or(0, view::tensors_height)
                 .saturating_sub(ctx.body.height.saturating_sub(2) as usize)
                 .min(u16::MAX as usize) as u16;
-            let page = ctx.page as u16;
-            let next = match a {
-                Action::Back | Action::Enter => {
-                    self.detail = None;
-                    return;
-                }
-                Action::Up | Action::ScrollUp => scroll.saturating_sub(1),
-                Action::Down | Action::ScrollDown => scroll.saturating_add(1),
-                Action::PageUp => scroll.saturating_sub(page),
-                Action::PageDown => scroll.saturating_add(page),
-                Action::Home => 0,
-                Action::End => max,
-                _ => scroll,
+            self.detail = match a {
+                Action::Back | Action::Enter => None,
+                a => Some(super::scrolled(a, scroll, ctx.page as u16, max).unwrap_or(scroll)),
             };
-            self.detail = Some(next.min(max));
             return;
         }
         match a {
@@ -147,36 +139,6 @@ impl SkillsState {
     pub fn render(&self, f: &mut Frame, area: Rect, _file: &CmfFile, theme: &Theme) {
         view::render(f, area, &self.vm(), theme);
     }
-}
-
-/// Gives each `skill.*` entry to the record whose `skill.{id}.` prefix it carries; when
-/// ids nest (`a` and `a.b`, which a hostile file may hold), the longest id wins so no
-/// tensor counts twice. Returns the entries per record and those no record claims.
-fn assign_tensors<'a>(
-    file: &'a CmfFile,
-    skills: &[SkillRecord],
-) -> (Vec<Vec<&'a TensorEntry>>, Vec<&'a TensorEntry>) {
-    let mut per_skill = vec![Vec::new(); skills.len()];
-    let mut orphans = Vec::new();
-    for e in file
-        .directory
-        .iter()
-        .filter(|e| e.name.starts_with("skill."))
-    {
-        let owner = skills
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| {
-                cortiq_engine::format::skills::replaced_name(&e.name, &s.id)
-                    .is_some_and(|b| !b.is_empty())
-            })
-            .max_by_key(|(_, s)| s.id.len());
-        match owner {
-            Some((i, _)) => per_skill[i].push(e),
-            None => orphans.push(e),
-        }
-    }
-    (per_skill, orphans)
 }
 
 fn base_name<'a>(id: &str, e: &'a TensorEntry) -> &'a str {

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use super::common::{
     self, esc, esc_path, human_bytes, json_brief, shape_str, Align, CmdResult, Status, Table,
 };
-use super::skills::assign_tensors;
+use cortiq_engine::format::skills::assign_tensors;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

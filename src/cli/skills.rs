@@ -30,7 +30,7 @@ pub struct Args {
 pub fn run(args: &Args) -> CmdResult {
     let file = common::open(&args.file)?;
     let skills = file.header.skills.as_deref().unwrap_or_default();
-    let owned = assign_tensors(&file, skills);
+    let owned = cortiq_engine::format::skills::assign_tensors(&file, skills);
     let hidden = file.header.arch.as_ref().map(|a| a.hidden_size);
     let views: Vec<SkillView<'_>> = skills
         .iter()
@@ -120,42 +120,6 @@ fn size_json(got: &Result<u64, String>) -> Value {
         Ok(n) => json!(n),
         Err(_) => Value::Null,
     }
-}
-
-/// Directory entries split by owning skill, plus `skill.*` entries no record claims.
-pub(super) struct Owned<'a> {
-    /// Entries of each record, in registry order.
-    pub per_skill: Vec<Vec<&'a TensorEntry>>,
-    pub orphans: Vec<&'a TensorEntry>,
-}
-
-/// Gives each `skill.*` entry to the record whose `skill.{id}.` prefix it carries; when
-/// ids nest (`a` and `a.b`), the longest id wins, so no tensor is counted twice.
-pub(super) fn assign_tensors<'a>(file: &'a CmfFile, skills: &[SkillRecord]) -> Owned<'a> {
-    let mut per_skill = vec![Vec::new(); skills.len()];
-    let mut orphans = Vec::new();
-    for e in file
-        .directory
-        .iter()
-        .filter(|e| e.name.starts_with("skill."))
-    {
-        let owner = skills
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| {
-                let rest = e
-                    .name
-                    .strip_prefix("skill.")
-                    .and_then(|r| r.strip_prefix(s.id.as_str()));
-                rest.is_some_and(|r| r.len() > 1 && r.starts_with('.'))
-            })
-            .max_by_key(|(_, s)| s.id.len());
-        match owner {
-            Some((i, _)) => per_skill[i].push(e),
-            None => orphans.push(e),
-        }
-    }
-    Owned { per_skill, orphans }
 }
 
 /// `skill.{id}.{base}` → `base` (callers checked the prefix).

@@ -13,7 +13,7 @@ use ratatui::Frame;
 
 use crate::skills::wrap_words;
 use crate::theme::{heat_glyph, Theme};
-use crate::util::{esc, truncate};
+use crate::util::{esc, pad, pad_left, page_start, truncate};
 
 /// The bit field a heat map or an overlap matrix shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -388,23 +388,6 @@ fn render_layers(f: &mut Frame, area: Rect, vm: &MasksVm, theme: &Theme) {
         Paragraph::new(lines).block(Block::bordered().title(title)),
         area,
     );
-}
-
-/// First row of the page that holds `selected` (pages of `h` rows).
-fn page_start(selected: usize, h: usize) -> usize {
-    selected.checked_div(h).map_or(0, |page| page * h)
-}
-
-fn pad(s: &str, w: usize) -> String {
-    let t = truncate(s, w);
-    let n = t.chars().count();
-    format!("{t}{}", " ".repeat(w.saturating_sub(n)))
-}
-
-fn pad_left(s: &str, w: usize) -> String {
-    let t = truncate(s, w);
-    let n = t.chars().count();
-    format!("{}{t}", " ".repeat(w.saturating_sub(n)))
 }
 
 fn render_tasks(f: &mut Frame, area: Rect, vm: &MasksVm, theme: &Theme) {

@@ -8,7 +8,7 @@ use ratatui::widgets::{Block, Paragraph, Wrap};
 use ratatui::Frame;
 
 use crate::theme::Theme;
-use crate::util::{esc, human_bytes, truncate};
+use crate::util::{esc, human_bytes, pad, pad_left, page_start, truncate};
 
 /// One record of the registry, already formatted.
 #[derive(Clone, Debug, PartialEq)]
@@ -274,23 +274,6 @@ fn render_orphans(f: &mut Frame, area: Rect, orphans: &[String], theme: &Theme) 
         ),
         area,
     );
-}
-
-/// First row of the page of `h` rows that holds `selected`.
-fn page_start(selected: usize, h: usize) -> usize {
-    selected.checked_div(h).map_or(0, |page| page * h)
-}
-
-fn pad(s: &str, w: usize) -> String {
-    let t = truncate(s, w);
-    let n = t.chars().count();
-    format!("{t}{}", " ".repeat(w.saturating_sub(n)))
-}
-
-fn pad_left(s: &str, w: usize) -> String {
-    let t = truncate(s, w);
-    let n = t.chars().count();
-    format!("{}{t}", " ".repeat(w.saturating_sub(n)))
 }
 
 /// Width of a column: its widest cell or heading, at most `max`.

@@ -69,3 +69,22 @@ pub fn centered(area: Rect, w: u16, h: u16) -> Rect {
         .areas(r);
     r
 }
+
+/// `s` cut or padded with spaces to exactly `w` characters, left-aligned.
+pub fn pad(s: &str, w: usize) -> String {
+    let t = truncate(s, w);
+    let n = t.chars().count();
+    format!("{t}{}", " ".repeat(w.saturating_sub(n)))
+}
+
+/// `s` cut or padded with spaces to exactly `w` characters, right-aligned.
+pub fn pad_left(s: &str, w: usize) -> String {
+    let t = truncate(s, w);
+    let n = t.chars().count();
+    format!("{}{t}", " ".repeat(w.saturating_sub(n)))
+}
+
+/// First row of the page that holds `selected` (pages of `h` rows).
+pub fn page_start(selected: usize, h: usize) -> usize {
+    selected.checked_div(h).map_or(0, |page| page * h)
+}

@@ -38,6 +38,31 @@ pub fn skill_tensors<'a>(file: &'a CmfFile, id: &str) -> Vec<(&'a TensorEntry, &
         .collect()
 }
 
+/// The `skill.*` entries of a file given to the registry records that own them (same
+/// index as `skills`), and those no record claims. When ids nest (`a` and `a.b`), the
+/// longest id wins, so no tensor is counted twice.
+pub struct SkillOwnership<'a> {
+    pub per_skill: Vec<Vec<&'a TensorEntry>>,
+    pub orphans: Vec<&'a TensorEntry>,
+}
+
+pub fn assign_tensors<'a>(file: &'a CmfFile, skills: &[SkillRecord]) -> SkillOwnership<'a> {
+    let mut per_skill = vec![Vec::new(); skills.len()];
+    let mut orphans = Vec::new();
+    for e in file.directory.iter().filter(|e| e.name.starts_with(PREFIX)) {
+        let owner = skills
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| replaced_name(&e.name, &s.id).is_some_and(|b| !b.is_empty()))
+            .max_by_key(|(_, s)| s.id.len());
+        match owner {
+            Some((i, _)) => per_skill[i].push(e),
+            None => orphans.push(e),
+        }
+    }
+    SkillOwnership { per_skill, orphans }
+}
+
 /// A replacement tensor to add: the base name it replaces and its encoded payload.
 pub struct SkillTensor<'a> {
     pub base_name: String,
