@@ -239,7 +239,7 @@ impl OverviewState {
             }
             Action::Click(x, y) => {
                 let b = ctx.body;
-                let left_w = b.width * 45 / 100;
+                let left_w = b.width * overview::TREE_PERCENT / 100;
                 if *x < b.x + left_w && *y > b.y && *y < b.y + b.height.saturating_sub(1) {
                     let i = self.offset + (*y - b.y - 1) as usize;
                     if i < n {

@@ -106,3 +106,22 @@ fn the_picker_lists_cmf_files_and_opens_one() {
     h.act(Action::Enter);
     assert_eq!(tab(&h), Tab::Overview);
 }
+
+#[test]
+fn overview_of_a_file_with_every_dtype_folds_what_does_not_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("demo.cmf");
+    cortiq_engine::synth::write_demo(&p).unwrap();
+    let mut h = Harness::open(&p);
+    h.height = 34;
+    let screen = h.render();
+    insta::assert_snapshot!("overview_demo_short_terminal", screen);
+    assert!(screen.contains("more"), "{screen}");
+    assert!(screen.contains("total      141"), "{screen}");
+    h.height = 50;
+    let tall = h.render();
+    assert!(
+        tall.contains("q1t") && tall.contains("vbit_ro") && !tall.contains("+1 more"),
+        "{tall}"
+    );
+}

@@ -75,26 +75,43 @@ fn glyph(name: &str) -> (char, Color) {
         .unwrap_or(('·', Color::DarkGray))
 }
 
+/// Share of the width the header tree takes (the app hit-tests clicks with it).
+pub const TREE_PERCENT: u16 = 42;
+
 pub fn render(f: &mut Frame, area: Rect, vm: &OverviewVm, theme: &Theme) {
-    let [left, right] =
-        Layout::horizontal([Constraint::Percentage(45), Constraint::Percentage(55)]).areas(area);
+    let [left, right] = Layout::horizontal([
+        Constraint::Percentage(TREE_PERCENT),
+        Constraint::Percentage(100 - TREE_PERCENT),
+    ])
+    .areas(area);
     render_tree(f, left, vm, theme);
 
-    let dtype_h = vm.dtypes.len() as u16 + 4;
+    // Stacked panels; when the terminal is short, the per-dtype table keeps the dtypes
+    // with the most bytes and folds the rest into one line rather than being cut.
+    let facts_h = vm.facts.len() as u16 + 2;
     let tok_h = vm.tokenizer.len().max(1) as u16 + 2;
-    let extra_h = (vm.extra.len() + vm.warnings.len()) as u16 + 2;
+    // Warnings must stay visible: keep room for them in the last panel.
+    let extra_min = if vm.warnings.is_empty() {
+        0
+    } else {
+        vm.warnings.len() as u16 + 2
+    };
+    let spare = right
+        .height
+        .saturating_sub(facts_h + 4 + 4 + tok_h + extra_min);
+    let dtype_rows = (vm.dtypes.len() as u16).min(spare.saturating_sub(4).max(1));
     let [facts, layout, dtypes, layers, tok, extra] = Layout::vertical([
-        Constraint::Length(vm.facts.len() as u16 + 2),
+        Constraint::Length(facts_h),
         Constraint::Length(4),
-        Constraint::Length(dtype_h),
-        Constraint::Length(5),
+        Constraint::Length(dtype_rows + 4),
+        Constraint::Length(4),
         Constraint::Length(tok_h),
-        Constraint::Min(extra_h.min(3)),
+        Constraint::Min(extra_min),
     ])
     .areas(right);
     render_kv(f, facts, " file ", vm.facts, theme);
     render_layout(f, layout, vm, theme);
-    render_dtypes(f, dtypes, vm, theme);
+    render_dtypes(f, dtypes, vm, dtype_rows as usize, theme);
     render_layers(f, layers, vm, theme);
     render_kv(
         f,
@@ -249,7 +266,7 @@ fn render_layout(f: &mut Frame, area: Rect, vm: &OverviewVm, theme: &Theme) {
     );
 }
 
-fn render_dtypes(f: &mut Frame, area: Rect, vm: &OverviewVm, theme: &Theme) {
+fn render_dtypes(f: &mut Frame, area: Rect, vm: &OverviewVm, max_rows: usize, theme: &Theme) {
     let total_p: u64 = vm.dtypes.iter().map(|d| d.params).sum();
     let total_b: u64 = vm.dtypes.iter().map(|d| d.bytes).sum();
     let bpw = |b: u64, p: u64| {
@@ -259,8 +276,15 @@ fn render_dtypes(f: &mut Frame, area: Rect, vm: &OverviewVm, theme: &Theme) {
             format!("{:.2}", b as f64 * 8.0 / p as f64)
         }
     };
-    let mut rows: Vec<Row> = vm
-        .dtypes
+    let mut shown: Vec<&DtypeRow> = vm.dtypes.iter().collect();
+    let folded = if shown.len() > max_rows {
+        shown.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+        let rest: Vec<&DtypeRow> = shown.split_off(max_rows.saturating_sub(1));
+        Some(rest)
+    } else {
+        None
+    };
+    let mut rows: Vec<Row> = shown
         .iter()
         .map(|d| {
             Row::new(vec![
@@ -272,6 +296,21 @@ fn render_dtypes(f: &mut Frame, area: Rect, vm: &OverviewVm, theme: &Theme) {
             ])
         })
         .collect();
+    if let Some(rest) = folded {
+        let (t, p, b) = rest.iter().fold((0, 0, 0), |(t, p, b), d| {
+            (t + d.tensors, p + d.params, b + d.bytes)
+        });
+        rows.push(
+            Row::new(vec![
+                format!("+{} more", rest.len()),
+                t.to_string(),
+                group_digits(p),
+                human_bytes(b),
+                bpw(b, p),
+            ])
+            .style(theme.dim),
+        );
+    }
     rows.push(
         Row::new(vec![
             "total".to_string(),
