@@ -280,3 +280,40 @@ fn demo_writes_a_file_that_verifies_and_has_everything() {
         "the demo is deterministic"
     );
 }
+
+#[test]
+fn a_shard_lists_its_whole_set() {
+    use cortiq_engine::format::{writer, CmfFile};
+    let dir = tempfile::tempdir().unwrap();
+    let src = CmfFile::open(fixture("qwen3_moe-masked.cmf")).unwrap();
+    let out = dir.path().join("moe.cmf");
+    let shards = writer::write_sharded(&out, writer::spec_of(&src), 200_000, |i| {
+        Ok(std::borrow::Cow::Borrowed(
+            src.tensor_bytes(&src.directory.entries[i]),
+        ))
+    })
+    .unwrap();
+    let n = shards.len();
+    assert!(n > 1);
+    let second = &shards[1].path;
+    let v = json(&run!("tensors", second, "--json"));
+    let list = v.as_array().unwrap();
+    assert_eq!(list.len(), 135, "the merged directory of every shard");
+    assert!(list
+        .iter()
+        .all(|e| e["shard"].as_u64().is_some_and(|s| s >= 1 && s <= n as u64)));
+    assert!(list.iter().any(|e| e["shard"] == 1) && list.iter().any(|e| e["shard"] == n as u64));
+    let info = run!("info", second);
+    assert_eq!(code(&info), 0);
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(
+        text.contains(&format!("shard 2 of {n}")) && text.contains("135 tensors"),
+        "{text}"
+    );
+    // Every shard verifies on its own.
+    assert_eq!(code(&run!("verify", second)), 0);
+    // Without its siblings a shard still opens and says why the set does not.
+    std::fs::remove_file(&shards[0].path).unwrap();
+    let text = String::from_utf8_lossy(&run!("info", second).stdout).into_owned();
+    assert!(text.contains("does not open"), "{text}");
+}

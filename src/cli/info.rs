@@ -208,7 +208,7 @@ impl Info {
                 "ids": skills.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
                 "skill_file": file.is_skill_file(),
             },
-            "shard": h.shard.map(|s| json!({ "no": s.no, "count": s.count })),
+            "shard": h.shard.map(|s| json!({ "no": s.no, "count": s.count, "set": shard_set(file.path.as_deref()) })),
             "pipeline_components": components,
             "warnings": file.warnings,
             "unknown_fields": unknown,
@@ -269,7 +269,12 @@ impl Info {
             },
         );
         let shard = match h.shard {
-            Some(s) => format!("shard {} of {}", s.no, s.count),
+            Some(s) => format!(
+                "shard {} of {} · {}",
+                s.no,
+                s.count,
+                shard_set(file.path.as_deref())
+            ),
             None => "single file".into(),
         };
         t.pair("shard", shard);
@@ -718,5 +723,21 @@ mod tests {
             "(L ×2, F) ×2"
         );
         assert_eq!(summarize_layer_types(&[]), "none");
+    }
+}
+
+/// What the shard set of `path` holds, or why it does not open (a shard is valid alone).
+fn shard_set(path: Option<&std::path::Path>) -> String {
+    let Some(path) = path else {
+        return "set unknown (not opened from a file)".into();
+    };
+    match cortiq_engine::format::CmfModel::open(path) {
+        Ok(m) => format!(
+            "set of {} files: {} tensors, {}",
+            m.shards.len(),
+            m.tensor_count(),
+            human_bytes(m.total_bytes())
+        ),
+        Err(e) => format!("the set does not open: {}", e),
     }
 }

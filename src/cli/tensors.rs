@@ -3,7 +3,7 @@
 use std::cmp::Ordering;
 use std::path::PathBuf;
 
-use cortiq_engine::format::TensorEntry;
+use cortiq_engine::format::{CmfModel, TensorEntry};
 use serde_json::{json, Value};
 
 use super::common::{
@@ -45,10 +45,21 @@ pub enum SortKey {
 
 pub fn run(args: &Args) -> CmdResult {
     let file = common::open(&args.file)?;
-    let mut rows: Vec<&TensorEntry> = file
-        .directory
-        .iter()
-        .filter(|e| {
+    // A shard lists the merged directory of its whole set (§10), each row with its shard.
+    let model = match file.header.shard {
+        Some(_) => {
+            Some(CmfModel::open(&args.file).map_err(|e| common::CliError::format(&args.file, &e))?)
+        }
+        None => None,
+    };
+    let all: Vec<(Option<usize>, &TensorEntry)> = match &model {
+        Some(m) => m.tensors().map(|(s, e)| (Some(s + 1), e)).collect(),
+        None => file.directory.iter().map(|e| (None, e)).collect(),
+    };
+    let total = all.len();
+    let mut rows: Vec<(Option<usize>, &TensorEntry)> = all
+        .into_iter()
+        .filter(|(_, e)| {
             args.filter
                 .as_deref()
                 .is_none_or(|f| matches_filter(f, &e.name))
@@ -56,16 +67,25 @@ pub fn run(args: &Args) -> CmdResult {
         .collect();
     if let Some(key) = args.sort {
         // Stable sorts: equal keys keep directory order.
-        rows.sort_by(|a, b| compare(key, a, b));
+        rows.sort_by(|a, b| compare(key, a.1, b.1));
     }
     if args.reverse {
         rows.reverse();
     }
     if args.json {
-        let list: Vec<Value> = rows.iter().map(|e| entry_json(e)).collect();
+        let list: Vec<Value> = rows
+            .iter()
+            .map(|(shard, e)| {
+                let mut v = entry_json(e);
+                if let (Some(no), Some(obj)) = (shard, v.as_object_mut()) {
+                    obj.insert("shard".into(), json!(no));
+                }
+                v
+            })
+            .collect();
         common::print_json(&Value::Array(list))?;
     } else {
-        common::emit(&text(&rows, file.directory.len()))?;
+        common::emit(&text(&rows, total, model.is_some()))?;
     }
     Ok(Status::Success)
 }
@@ -86,8 +106,8 @@ pub fn entry_json(e: &TensorEntry) -> Value {
     })
 }
 
-fn text(rows: &[&TensorEntry], total_in_file: usize) -> String {
-    let mut t = Table::new(&[
+fn text(rows: &[(Option<usize>, &TensorEntry)], total_in_file: usize, sharded: bool) -> String {
+    let mut cols = vec![
         ("name", Align::Left),
         ("dtype", Align::Left),
         ("shape", Align::Left),
@@ -96,13 +116,16 @@ fn text(rows: &[&TensorEntry], total_in_file: usize) -> String {
         ("bpw", Align::Right),
         ("offset", Align::Right),
         ("hash", Align::Left),
-    ])
-    .indent(0);
+    ];
+    if sharded {
+        cols.push(("shard", Align::Right));
+    }
+    let mut t = Table::new(&cols).indent(0);
     let (mut params, mut bytes) = (0u64, 0u64);
-    for e in rows {
+    for (shard, e) in rows {
         params += e.numel();
         bytes += e.nbytes;
-        t.row([
+        let mut cells = vec![
             esc(&e.name),
             e.dtype.name().to_string(),
             shape_str(&e.shape),
@@ -111,7 +134,11 @@ fn text(rows: &[&TensorEntry], total_in_file: usize) -> String {
             format!("{:.2}", e.bits_per_weight()),
             e.off.to_string(),
             format!("{:016x}", e.hash),
-        ]);
+        ];
+        if let Some(no) = shard {
+            cells.push(no.to_string());
+        }
+        t.row(cells);
     }
     let mut out = String::new();
     if !rows.is_empty() {
