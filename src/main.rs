@@ -58,6 +58,10 @@ enum Command {
     Sign(cli::sign::Args),
     /// Rewrite a file tightly (drops dead bytes left by append-only growth).
     Compact(cli::compact::Args),
+    /// Import a GGUF file (llama, qwen2, qwen3, gemma3) as a CMF file.
+    ImportGguf(cli::import_gguf::Args),
+    /// Convert a Hugging Face checkpoint directory into a CMF file.
+    Convert(cli::convert::Args),
     /// Skills: list, export to a standalone skill file, apply one, add one (append-only).
     #[command(subcommand)]
     Skill(cli::skill::Command),
@@ -85,6 +89,8 @@ impl Command {
             Command::Verify(a) => a.json,
             Command::Sign(a) => a.json,
             Command::Compact(a) => a.json,
+            Command::ImportGguf(a) => a.json,
+            Command::Convert(a) => a.json,
             Command::Skill(c) => c.json(),
             Command::Demo(a) => a.json,
         }
@@ -101,6 +107,8 @@ impl Command {
             Command::Verify(a) => cli::verify::run(a),
             Command::Sign(a) => cli::sign::run(a),
             Command::Compact(a) => cli::compact::run(a),
+            Command::ImportGguf(a) => cli::import_gguf::run(a),
+            Command::Convert(a) => cli::convert::run(a),
             Command::Skill(c) => cli::skill::run(c),
             Command::Demo(a) => cli::demo::run(a),
         }

@@ -1,5 +1,5 @@
 pub mod format;
+pub mod import;
 pub mod quant;
 pub mod stats;
 pub mod synth;
-pub mod import;

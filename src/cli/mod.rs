@@ -3,8 +3,10 @@
 
 pub mod common;
 pub mod compact;
+pub mod convert;
 pub mod demo;
 pub mod diff;
+pub mod import_gguf;
 pub mod info;
 pub mod masks;
 pub mod sign;
