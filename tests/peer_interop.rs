@@ -328,3 +328,31 @@ fn on_reference_files_we_see_what_the_reference_sees() {
         }
     }
 }
+
+#[test]
+fn our_gguf_imports_verify_and_decode_identically_in_the_reference() {
+    use cortiq_engine::import::gguf_import::{import_gguf, QuantMode};
+    let dir = tempfile::tempdir().unwrap();
+    let mut n = 0;
+    for entry in std::fs::read_dir(shared("fixtures/gguf")).unwrap() {
+        let src = entry.unwrap().path();
+        if src.extension().is_none_or(|e| e != "gguf") {
+            continue;
+        }
+        for (mode, tag) in [
+            (QuantMode::Keep, "keep"),
+            (QuantMode::Codec(DType::Q4tp), "q4tp"),
+        ] {
+            let out = dir.path().join(format!(
+                "{}-{tag}.cmf",
+                src.file_stem().unwrap().to_string_lossy()
+            ));
+            import_gguf(&src, &out, mode, &mut |_| {})
+                .unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+            ref_verify(&out);
+            assert!(ref_decodes_like_us(&out) > 0);
+            n += 1;
+        }
+    }
+    assert_eq!(n, 28, "14 GGUF fixtures × 2 modes");
+}

@@ -159,6 +159,23 @@ impl DType {
         matches!(self, DType::Vbit | DType::VbitRo | DType::Q1t | DType::Q4tp)
     }
 
+    /// The header's informational `quant_type` for a file quantized with this dtype.
+    /// The reference reader parses `quant_type` as a closed set (`Q8_ROW`, `Q4_BLOCK`,
+    /// `Q8_2F`, `VBIT`, `BF16`, `F16`, `F32`) and refuses other values, so newer dtypes take
+    /// the label the reference converter gives them (q4 family → `Q4_BLOCK`, 1-bit family
+    /// and vbit → `VBIT`). The directory's per-tensor dtype stays the truth.
+    pub fn quant_type_label(self) -> &'static str {
+        match self {
+            DType::F32 => "F32",
+            DType::F16 => "F16",
+            DType::Bf16 => "BF16",
+            DType::Q8Row => "Q8_ROW",
+            DType::Q8_2f => "Q8_2F",
+            DType::Q4Block | DType::Q4Tiled | DType::Q4tp => "Q4_BLOCK",
+            _ => "VBIT",
+        }
+    }
+
     /// Nominal bits per weight for display (variable codecs report their measured value
     /// from the payload instead).
     pub fn nominal_bits(self) -> Option<f64> {

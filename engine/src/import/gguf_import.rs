@@ -459,10 +459,15 @@ pub fn import_gguf(
         format: Some("cmf".into()),
         version: Some(2),
         arch: Some(arch.clone()),
-        quant_type: Some(match mode {
-            QuantMode::Keep => "KEEP".into(),
-            QuantMode::Codec(d) => d.name().to_ascii_uppercase(),
-        }),
+        // Informational; `keep` re-encodes what it cannot hold exactly as q8_row.
+        quant_type: Some(
+            match mode {
+                QuantMode::Keep => DType::Q8Row,
+                QuantMode::Codec(d) => d,
+            }
+            .quant_type_label()
+            .into(),
+        ),
         provenance: Some(json!({
             "tool": "cortiq import-gguf",
             "tool_version": env!("CARGO_PKG_VERSION"),

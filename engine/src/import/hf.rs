@@ -1057,23 +1057,6 @@ pub struct ConvertPlan {
     pub fallbacks: Vec<Fallback>,
 }
 
-/// `quant_type` is informational (§2) but the reference reader parses it as a closed set
-/// (`Q8_ROW`, `Q4_BLOCK`, `Q8_2F`, `VBIT`, `BF16`, `F16`, `F32`) and refuses a file with
-/// any other value: newer dtypes take the label the reference converter gives them
-/// (q4 family → `Q4_BLOCK`, 1-bit family → `VBIT`). The exact choice is in
-/// `provenance.options.quant` and, per tensor, in the directory.
-fn quant_type_label(q: DType) -> &'static str {
-    match q {
-        DType::F32 => "F32",
-        DType::F16 => "F16",
-        DType::Bf16 => "BF16",
-        DType::Q8Row => "Q8_ROW",
-        DType::Q8_2f => "Q8_2F",
-        DType::Q4Block | DType::Q4Tiled | DType::Q4tp => "Q4_BLOCK",
-        _ => "VBIT",
-    }
-}
-
 /// Plans the output: header, tensor order and dtypes, vocab.
 pub fn plan(ck: &Checkpoint, opts: &ConvertOptions) -> Result<ConvertPlan> {
     if opts.quant.is_reserved() {
@@ -1139,7 +1122,7 @@ pub fn plan(ck: &Checkpoint, opts: &ConvertOptions) -> Result<ConvertPlan> {
         format: Some("cmf".into()),
         version: Some(2),
         arch: Some(arch),
-        quant_type: Some(quant_type_label(opts.quant).into()),
+        quant_type: Some(opts.quant.quant_type_label().into()),
         provenance: Some(Value::Object(provenance)),
         tokenizer_config: tokenizer_config(ck, &root_config)?,
         ..Header::default()
