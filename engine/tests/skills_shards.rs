@@ -155,3 +155,30 @@ fn sharded_write_and_open_from_any_shard() {
     let err = CmfModel::open(writer::shard_name(&out, 1, n)).unwrap_err();
     assert!(err.to_string().contains("missing shard"), "{err}");
 }
+
+#[test]
+fn a_failing_sharded_write_leaves_nothing_behind() {
+    let src = CmfFile::open(common::fixture("cmf/qwen3_moe-masked.cmf")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("moe.cmf");
+    let n = src.directory.len();
+    let err = writer::write_sharded(&out, writer::spec_of(&src), 200_000, |i| {
+        if i + 1 == n {
+            return Err(cortiq_engine::format::FormatError::Parse(
+                "source went away".into(),
+            ));
+        }
+        Ok(std::borrow::Cow::Borrowed(
+            src.tensor_bytes(&src.directory.entries[i]),
+        ))
+    });
+    assert!(err.is_err());
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "no shard and no temporary file remain: {left:?}"
+    );
+}

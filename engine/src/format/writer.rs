@@ -110,6 +110,16 @@ impl TempTarget {
     }
 }
 
+/// A complete file still under its temporary name; dropping it deletes it.
+pub struct PendingFile(TempTarget);
+
+impl PendingFile {
+    /// Renames the file into place.
+    pub fn commit(self) -> Result<()> {
+        self.0.commit()
+    }
+}
+
 /// Writes `bytes` to `path` atomically (temporary file + rename).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let t = TempTarget::new(path)?;
@@ -262,7 +272,16 @@ impl StreamWriter {
     }
 
     /// Writes the trailing sections, the directory and the envelope; renames into place.
-    pub fn finish(mut self) -> Result<WriteSummary> {
+    pub fn finish(self) -> Result<WriteSummary> {
+        let (summary, pending) = self.finish_pending()?;
+        pending.commit()?;
+        Ok(summary)
+    }
+
+    /// Like [`StreamWriter::finish`], but leaves the complete file under its temporary name
+    /// until [`PendingFile::commit`]: a set of files (shards) then appears all at once or
+    /// not at all.
+    pub fn finish_pending(mut self) -> Result<(WriteSummary, PendingFile)> {
         let path = self.target.target.clone();
         if self.entries.len() != self.plan.len() {
             return Err(bounds(format!(
@@ -351,8 +370,7 @@ impl StreamWriter {
             header_hash: env.header_hash,
             dir_hash: env.dir_hash,
         };
-        self.target.commit()?;
-        Ok(summary)
+        Ok((summary, PendingFile(self.target)))
     }
 }
 
@@ -452,7 +470,7 @@ pub fn plan_shards(tensors: &[TensorPlan], max_bytes: u64) -> Vec<std::ops::Rang
 /// Writes `spec` as shards of at most `max_bytes` (rough f32 size) each. Shard 1 carries
 /// masks, vocab, index, the chat bundle and the skills registry; the others carry their own
 /// tensors only. `payload(i)` returns the bytes of plan entry `i`. With one shard the
-/// output is a plain file at `out`.
+/// output is a plain file at `out`. The shards appear together, when all are complete.
 pub fn write_sharded<'a>(
     out: &Path,
     spec: WriteSpec,
@@ -470,6 +488,7 @@ pub fn write_sharded<'a>(
     }
     let count = ranges.len() as u32;
     let mut summaries = Vec::new();
+    let mut pending = Vec::new();
     for (k, range) in ranges.into_iter().enumerate() {
         let no = k as u32 + 1;
         let mut header = spec.header.clone();
@@ -492,7 +511,14 @@ pub fn write_sharded<'a>(
             let p = payload(i)?;
             w.write_tensor(&p)?;
         }
-        summaries.push(w.finish()?);
+        let (summary, file) = w.finish_pending()?;
+        summaries.push(summary);
+        pending.push(file);
+    }
+    // Every shard is complete: only now do they take their names, so a failure part-way
+    // leaves no partial set behind.
+    for file in pending {
+        file.commit()?;
     }
     Ok(summaries)
 }
