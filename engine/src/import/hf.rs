@@ -283,6 +283,27 @@ impl Checkpoint {
         Ok(out)
     }
 
+    /// Lets the kernel drop the mapped source pages of `t` once its values are read, so
+    /// resident memory does not grow with the model: the pages are file-backed and clean,
+    /// and are read again from the file should a fused neighbour need them.
+    pub fn release(&self, t: &SourceTensor) {
+        #[cfg(unix)]
+        if let Some(m) = self.maps.get(t.file) {
+            const PAGE: usize = 4096;
+            let (a, b) = (t.start.next_multiple_of(PAGE), t.end / PAGE * PAGE);
+            if b > a && b <= m.len() {
+                // SAFETY: MADV_DONTNEED on a private read-only file mapping only discards
+                // page-table entries; no slice into the mapping is alive across this call
+                // (values were copied out), and later reads fault the pages back in.
+                let _ = unsafe {
+                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a, b - a)
+                };
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = t;
+    }
+
     /// Text of a file of the checkpoint directory, `None` when it does not exist.
     fn optional_text(&self, name: &str) -> Result<Option<String>> {
         let p = self.dir.join(name);
@@ -1178,16 +1199,46 @@ pub fn convert(
     let mut source_bytes = 0u64;
     let mut failure: Option<HfError> = None;
     let max = opts.shard_max_bytes.unwrap_or(u64::MAX);
-    let result = writer::write_sharded(out, plan.spec, max, |i| {
+    // Encoding is the expensive part and tensors are independent: encode a batch ahead on
+    // all threads (bounded to ~256 MiB of f32 values in flight), then hand the payloads
+    // to the writer in order.
+    let encode_one = |i: usize| -> Result<Vec<u8>> {
         let src = &ck.tensors[plan.sources[i]];
-        let encoded = ck.values(src).and_then(|values| {
+        let values = ck.values(src);
+        ck.release(src);
+        values.and_then(|values| {
             quant::encode(dtypes[i], &src.shape, &values, &opts.encode).map_err(|source| {
                 HfError::Quant {
                     tensor: src.name.clone(),
                     source,
                 }
             })
-        });
+        })
+    };
+    const BATCH_F32_BYTES: u64 = 256 << 20;
+    let mut ready: std::collections::VecDeque<(usize, Result<Vec<u8>>)> =
+        std::collections::VecDeque::new();
+    let result = writer::write_sharded(out, plan.spec, max, |i| {
+        if ready.front().is_none_or(|(j, _)| *j != i) {
+            ready.clear();
+            let mut end = i;
+            let mut bytes = 0u64;
+            while end < total && (end == i || bytes < BATCH_F32_BYTES) {
+                let src = &ck.tensors[plan.sources[end]];
+                bytes += crate::format::dtype::numel(&src.shape)
+                    .unwrap_or(0)
+                    .saturating_mul(4);
+                end += 1;
+            }
+            use rayon::prelude::*;
+            let batch: Vec<(usize, Result<Vec<u8>>)> = (i..end)
+                .into_par_iter()
+                .map(|k| (k, encode_one(k)))
+                .collect();
+            ready.extend(batch);
+        }
+        let (_, encoded) = ready.pop_front().expect("the batch holds tensor i");
+        let src = &ck.tensors[plan.sources[i]];
         match encoded {
             Ok(bytes) => {
                 let n = crate::format::dtype::numel(&src.shape)
