@@ -559,6 +559,33 @@ impl GgufFile {
     pub fn tensor_data(&self, t: &TensorInfo) -> Result<&[u8]> {
         self.gguf.tensor_data(&self.map, t)
     }
+
+    /// Lets the kernel drop the mapped pages of `t` once its data was copied out, so an
+    /// import's resident memory does not grow with the model (the pages are clean and
+    /// file-backed; a later read faults them back in).
+    pub fn release(&self, t: &TensorInfo) {
+        #[cfg(unix)]
+        {
+            const PAGE: u64 = 4096;
+            let Some(end) = t.offset.checked_add(t.nbytes) else {
+                return;
+            };
+            let (a, b) = (t.offset.next_multiple_of(PAGE), end / PAGE * PAGE);
+            if b > a && b <= self.map.len() as u64 {
+                // SAFETY: MADV_DONTNEED on a private read-only file mapping only discards
+                // page-table entries; callers hold no slice of these pages across the call.
+                let _ = unsafe {
+                    self.map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        a as usize,
+                        (b - a) as usize,
+                    )
+                };
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = t;
+    }
 }
 
 #[cfg(test)]

@@ -496,9 +496,16 @@ pub fn import_gguf(
     };
     let mut w = StreamWriter::create(out, spec)?;
     let mut reports = Vec::with_capacity(mapped.len());
-    for ((m, t), &(dtype, exact)) in mapped.iter().zip(&g.tensors).zip(&targets) {
+    // Dequantizing and re-encoding are the expensive part and tensors are independent:
+    // a batch (bounded to ~256 MiB of f32 values) is processed on all threads, then
+    // written in order. Source pages are released once read, so resident memory stays
+    // near one batch rather than growing with the model.
+    let process = |k: usize| -> Result<(Vec<u8>, TensorReport)> {
+        let (m, t, (dtype, exact)) = (&mapped[k], &g.tensors[k], targets[k]);
         let data = file.tensor_data(t)?;
-        let (raw, values) = source_values(t, data, m)?;
+        let source = source_values(t, data, m);
+        file.release(t);
+        let (raw, values) = source?;
         let enc = |e| ImportError::Encode {
             tensor: m.hf_name.clone(),
             source: e,
@@ -512,12 +519,21 @@ pub fn import_gguf(
         } else {
             quant::encode(dtype, &m.shape, &values, &EncodeOptions::default()).map_err(enc)?
         };
-        let decoded = quant::decode(dtype, &m.shape, &payload).map_err(enc)?;
-        let max_abs_err = decoded
-            .iter()
-            .zip(&values)
-            .fold(0f32, |e, (a, b)| e.max((a - b).abs()));
-        w.write_tensor(&payload)?;
+        // The error report decodes row by row: a whole second f32 copy of a large
+        // embedding would double the import's peak memory.
+        let geom = quant::geometry(dtype, &m.shape).map_err(enc)?;
+        let mut row = vec![0f32; geom.cols];
+        let mut max_abs_err = 0f32;
+        for r in 0..geom.rows {
+            quant::decode_row(dtype, &m.shape, &payload, r, &mut row).map_err(enc)?;
+            let src = values
+                .get(r * geom.cols..(r + 1) * geom.cols)
+                .unwrap_or(&[]);
+            max_abs_err = row
+                .iter()
+                .zip(src)
+                .fold(max_abs_err, |e, (a, b)| e.max((a - b).abs()));
+        }
         let r = TensorReport {
             gguf_name: m.gguf_name.clone(),
             name: m.hf_name.clone(),
@@ -527,8 +543,29 @@ pub fn import_gguf(
             exact,
             max_abs_err,
         };
-        on_tensor(&r);
-        reports.push(r);
+        Ok((payload, r))
+    };
+    const BATCH_F32_BYTES: u64 = 256 << 20;
+    let mut start = 0;
+    while start < mapped.len() {
+        let mut end = start;
+        let mut bytes = 0u64;
+        while end < mapped.len() && (end == start || bytes < BATCH_F32_BYTES) {
+            bytes += crate::format::dtype::numel(&mapped[end].shape)
+                .unwrap_or(0)
+                .saturating_mul(4);
+            end += 1;
+        }
+        use rayon::prelude::*;
+        let batch: Vec<Result<(Vec<u8>, TensorReport)>> =
+            (start..end).into_par_iter().map(process).collect();
+        for item in batch {
+            let (payload, r) = item?;
+            w.write_tensor(&payload)?;
+            on_tensor(&r);
+            reports.push(r);
+        }
+        start = end;
     }
     let summary = w.finish()?;
     Ok(ImportReport {
