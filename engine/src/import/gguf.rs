@@ -564,27 +564,9 @@ impl GgufFile {
     /// import's resident memory does not grow with the model (the pages are clean and
     /// file-backed; a later read faults them back in).
     pub fn release(&self, t: &TensorInfo) {
-        #[cfg(unix)]
-        {
-            const PAGE: u64 = 4096;
-            let Some(end) = t.offset.checked_add(t.nbytes) else {
-                return;
-            };
-            let (a, b) = (t.offset.next_multiple_of(PAGE), end / PAGE * PAGE);
-            if b > a && b <= self.map.len() as u64 {
-                // SAFETY: MADV_DONTNEED on a private read-only file mapping only discards
-                // page-table entries; callers hold no slice of these pages across the call.
-                let _ = unsafe {
-                    self.map.unchecked_advise_range(
-                        memmap2::UncheckedAdvice::DontNeed,
-                        a as usize,
-                        (b - a) as usize,
-                    )
-                };
-            }
+        if let Some(end) = t.offset.checked_add(t.nbytes) {
+            super::release_pages(&self.map, t.offset, end);
         }
-        #[cfg(not(unix))]
-        let _ = t;
     }
 }
 

@@ -287,21 +287,9 @@ impl Checkpoint {
     /// resident memory does not grow with the model: the pages are file-backed and clean,
     /// and are read again from the file should a fused neighbour need them.
     pub fn release(&self, t: &SourceTensor) {
-        #[cfg(unix)]
         if let Some(m) = self.maps.get(t.file) {
-            const PAGE: usize = 4096;
-            let (a, b) = (t.start.next_multiple_of(PAGE), t.end / PAGE * PAGE);
-            if b > a && b <= m.len() {
-                // SAFETY: MADV_DONTNEED on a private read-only file mapping only discards
-                // page-table entries; no slice into the mapping is alive across this call
-                // (values were copied out), and later reads fault the pages back in.
-                let _ = unsafe {
-                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a, b - a)
-                };
-            }
+            super::release_pages(m, t.start as u64, t.end as u64);
         }
-        #[cfg(not(unix))]
-        let _ = t;
     }
 
     /// Text of a file of the checkpoint directory, `None` when it does not exist.
