@@ -2,42 +2,19 @@
 //! end to end through the binary (options, JSON output, exit codes, sharding), and — with
 //! the `peer-tests` feature — checked by the reference implementation's CLI.
 
-use std::path::{Path, PathBuf};
-use std::process::Output;
+#[macro_use]
+mod common;
+use common::{code, json};
 
-use assert_cmd::cargo::cargo_bin_cmd;
+use std::path::{Path, PathBuf};
+
 use serde_json::Value;
 
 fn hf(family: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/fixtures/hf")
-        .join(family);
-    assert!(
-        p.join("config.json").is_file(),
-        "fixture missing: {}",
-        p.display()
-    );
-    p
-}
-
-macro_rules! run {
-    ($($a:expr),* $(,)?) => {
-        cargo_bin_cmd!("cortiq").args([$(std::ffi::OsStr::new(&$a)),*]).output().expect("cortiq runs")
-    };
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().expect("exited")
-}
-
-fn json(o: &Output) -> Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not one JSON document ({e}):\n{}\n{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    })
+    common::shared(&format!("fixtures/hf/{family}/config.json"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn convert(family: &str, quant: &str, out: &Path) -> Value {

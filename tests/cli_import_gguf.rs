@@ -1,37 +1,14 @@
 //! End-to-end tests of `cortiq import-gguf`: the shared GGUF fixtures become CMF files
 //! that `cortiq verify` accepts; usage and file errors map to exit codes 2 and 1.
 
-use std::path::PathBuf;
-use std::process::Output;
+#[macro_use]
+mod common;
+use common::{code, json};
 
-use assert_cmd::cargo::cargo_bin_cmd;
-use serde_json::Value;
+use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/fixtures/gguf")
-        .join(name);
-    assert!(p.is_file(), "fixture missing: {}", p.display());
-    p
-}
-
-macro_rules! run {
-    ($($a:expr),* $(,)?) => {
-        cargo_bin_cmd!("cortiq").args([$(std::ffi::OsStr::new(&$a)),*]).output().expect("cortiq runs")
-    };
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().expect("exited")
-}
-
-fn json(o: &Output) -> Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not one JSON document ({e}):\n{}",
-            String::from_utf8_lossy(&o.stdout)
-        )
-    })
+    common::shared(&format!("fixtures/gguf/{name}"))
 }
 
 #[test]

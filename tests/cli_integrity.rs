@@ -2,37 +2,16 @@
 //! `compact`, `skill export|apply|add`, `demo`. Damaged copies live in temporary
 //! directories; the shared fixtures are never written.
 
-use std::path::{Path, PathBuf};
-use std::process::Output;
+#[macro_use]
+mod common;
+use common::{code, json};
 
-use assert_cmd::cargo::cargo_bin_cmd;
+use std::path::{Path, PathBuf};
+
 use serde_json::Value;
 
 fn fixture(name: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/fixtures/cmf")
-        .join(name);
-    assert!(p.is_file(), "fixture missing: {}", p.display());
-    p
-}
-
-macro_rules! run {
-    ($($a:expr),* $(,)?) => {
-        cargo_bin_cmd!("cortiq").args([$(std::ffi::OsStr::new(&$a)),*]).output().expect("cortiq runs")
-    };
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().expect("exited")
-}
-
-fn json(o: &Output) -> Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not one JSON document ({e}):\n{}",
-            String::from_utf8_lossy(&o.stdout)
-        )
-    })
+    common::shared(&format!("fixtures/cmf/{name}"))
 }
 
 fn copy_writable(src: &Path, dir: &Path, name: &str) -> PathBuf {

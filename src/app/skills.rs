@@ -2,7 +2,6 @@
 //! registry joined with the directory once when the file opens (which `skill.*` entries
 //! belong to which record, what each replaces, the decoded sizes of the routing vectors).
 
-use base64::Engine as _;
 use cortiq_engine::format::header::{Selection, SkillRecord};
 use cortiq_engine::format::{CmfFile, TensorEntry};
 use cortiq_views::skills::{
@@ -216,20 +215,6 @@ fn skill_row(record: &SkillRecord, entries: &[&TensorEntry]) -> SkillRow {
     }
 }
 
-/// Number of f16 values in a base64 string (padding optional).
-fn f16_count(b64: &str) -> Result<u64, String> {
-    let bytes = base64::engine::general_purpose::STANDARD_PAD_INDIFFERENT
-        .decode(b64.trim())
-        .map_err(|e| format!("invalid base64: {e}"))?;
-    if bytes.len() % 2 != 0 {
-        return Err(format!(
-            "{} bytes, not a whole number of f16 values",
-            bytes.len()
-        ));
-    }
-    Ok(bytes.len() as u64 / 2)
-}
-
 /// The claim-16 contract (§9): the metric with backbone → overlaid (and their ratio) on
 /// the first line, every other key after it.
 fn quality_props(q: Option<&Value>) -> Vec<Prop> {
@@ -289,10 +274,10 @@ fn selection_props(s: &Selection, hidden: Option<u64>) -> Vec<Prop> {
     )];
     out.push(size_prop(
         "  mean",
-        f16_count(&s.mean),
+        Selection::f16_count(&s.mean),
         hidden.map(|h| (h, format!("hidden {h}"))),
     ));
-    let basis = f16_count(&s.basis);
+    let basis = Selection::f16_count(&s.basis);
     let want = match (s.rank, hidden) {
         (Some(r), Some(h)) => r
             .checked_mul(h)
@@ -633,10 +618,14 @@ mod tests {
 
     #[test]
     fn selection_sizes_are_checked() {
-        assert_eq!(f16_count("AAA="), Ok(1));
-        assert_eq!(f16_count("AAA"), Ok(1), "padding is optional");
-        assert!(f16_count("AAAA").unwrap_err().contains("3 bytes"));
-        assert!(f16_count("!!").unwrap_err().contains("invalid base64"));
+        assert_eq!(Selection::f16_count("AAA="), Ok(1));
+        assert_eq!(Selection::f16_count("AAA"), Ok(1), "padding is optional");
+        assert!(Selection::f16_count("AAAA")
+            .unwrap_err()
+            .contains("3 bytes"));
+        assert!(Selection::f16_count("!!")
+            .unwrap_err()
+            .contains("invalid base64"));
         let s = Selection {
             metric: "mse".into(),
             phi_layer: 1,

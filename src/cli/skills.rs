@@ -5,7 +5,6 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use base64::Engine as _;
 use cortiq_engine::format::header::{Selection, SkillRecord};
 use cortiq_engine::format::{CmfFile, TensorEntry};
 use serde_json::{json, Value};
@@ -85,26 +84,12 @@ struct SelectionSizes {
 impl SelectionSizes {
     fn of(s: &Selection, hidden: Option<u64>) -> SelectionSizes {
         SelectionSizes {
-            mean: f16_count(&s.mean),
-            basis: f16_count(&s.basis),
+            mean: Selection::f16_count(&s.mean),
+            basis: Selection::f16_count(&s.basis),
             expected_mean: hidden,
             expected_basis: hidden.zip(s.rank).and_then(|(h, r)| h.checked_mul(r)),
         }
     }
-}
-
-/// Number of f16 values in a base64 string (padding optional).
-fn f16_count(b64: &str) -> Result<u64, String> {
-    let bytes = base64::engine::general_purpose::STANDARD_PAD_INDIFFERENT
-        .decode(b64.trim())
-        .map_err(|e| format!("invalid base64: {e}"))?;
-    if bytes.len() % 2 != 0 {
-        return Err(format!(
-            "{} bytes is not a whole number of f16 values",
-            bytes.len()
-        ));
-    }
-    Ok(bytes.len() as u64 / 2)
 }
 
 fn size_text(got: &Result<u64, String>, want: Option<u64>) -> String {

@@ -199,6 +199,23 @@ pub struct Selection {
     pub extra: Map<String, Value>,
 }
 
+impl Selection {
+    /// Number of f16 values a base64 field (`mean`, `basis`) holds; padding optional.
+    pub fn f16_count(b64: &str) -> Result<u64, String> {
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD_PAD_INDIFFERENT
+            .decode(b64.trim())
+            .map_err(|e| format!("invalid base64: {e}"))?;
+        if bytes.len() % 2 != 0 {
+            return Err(format!(
+                "{} bytes, not a whole number of f16 values",
+                bytes.len()
+            ));
+        }
+        Ok(bytes.len() as u64 / 2)
+    }
+}
+
 impl Header {
     /// Parses header bytes: UTF-8, a JSON object, the typed fields, and the cross-field rules
     /// (format/version, `layer_types` length, shard numbering, skill hashes).

@@ -153,32 +153,8 @@ pub fn geometry(dtype: DType, shape: &[u64]) -> Result<Geom, QuantError> {
 /// the padding bits of the last group / byte: those cannot make a decoder misbehave.
 pub fn validate(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<(), QuantError> {
     let g = geometry(dtype, shape)?;
-    let bad = |reason: String| QuantError::Inconsistent {
-        dtype,
-        shape: shape.to_vec(),
-        nbytes: bytes.len(),
-        reason,
-    };
-    match dtype.size_for(shape) {
-        Ok(Size::Exact(n)) => {
-            if bytes.len() as u64 != n {
-                return Err(bad(format!("expected exactly {n} bytes")));
-            }
-        }
-        Ok(Size::AtLeast(n)) => {
-            if (bytes.len() as u64) < n {
-                return Err(bad(format!("expected at least {n} bytes")));
-            }
-        }
-        Ok(Size::Opaque) => return Err(QuantError::Reserved { dtype }),
-        Err(reason) => {
-            return Err(QuantError::UnsupportedShape {
-                dtype,
-                shape: shape.to_vec(),
-                reason,
-            })
-        }
-    }
+    check_size(dtype, shape, bytes)?;
+    let bad = |reason: String| inconsistent(dtype, shape, bytes, reason);
     match dtype {
         DType::Vbit | DType::VbitRo => vbit::validate(dtype, g, bytes).map(|_| ()),
         DType::Q1s => q1::validate_q1s(g, bytes).map(|_| ()),
@@ -186,6 +162,42 @@ pub fn validate(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<(), QuantEr
         _ => Ok(()),
     }
     .map_err(bad)
+}
+
+fn inconsistent(dtype: DType, shape: &[u64], bytes: &[u8], reason: String) -> QuantError {
+    QuantError::Inconsistent {
+        dtype,
+        shape: shape.to_vec(),
+        nbytes: bytes.len(),
+        reason,
+    }
+}
+
+/// The byte count `dtype.size_for(shape)` demands: exact for fixed layouts, a minimum for
+/// variable ones (whose exact length the codec's own `validate` checks).
+fn check_size(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<(), QuantError> {
+    let n = bytes.len() as u64;
+    match dtype.size_for(shape) {
+        Ok(Size::Exact(want)) if n != want => Err(inconsistent(
+            dtype,
+            shape,
+            bytes,
+            format!("expected exactly {want} bytes"),
+        )),
+        Ok(Size::AtLeast(min)) if n < min => Err(inconsistent(
+            dtype,
+            shape,
+            bytes,
+            format!("expected at least {min} bytes"),
+        )),
+        Ok(Size::Opaque) => Err(QuantError::Reserved { dtype }),
+        Err(reason) => Err(QuantError::UnsupportedShape {
+            dtype,
+            shape: shape.to_vec(),
+            reason,
+        }),
+        Ok(_) => Ok(()),
+    }
 }
 
 /// Decodes a whole tensor to f32 (row-major), after [`validate`].
@@ -266,21 +278,7 @@ pub fn decode_row(
             reason: format!("output holds {} values, a row has {}", out.len(), g.cols),
         });
     }
-    let bad = |reason: String| QuantError::Inconsistent {
-        dtype,
-        shape: shape.to_vec(),
-        nbytes: bytes.len(),
-        reason,
-    };
-    match dtype.size_for(shape) {
-        Ok(Size::Exact(n)) if bytes.len() as u64 != n => {
-            return Err(bad(format!("expected exactly {n} bytes")))
-        }
-        Ok(Size::AtLeast(n)) if (bytes.len() as u64) < n => {
-            return Err(bad(format!("expected at least {n} bytes")))
-        }
-        _ => {}
-    }
+    check_size(dtype, shape, bytes)?;
     let start = row * g.cols; // < numel: cannot overflow
     match dtype {
         DType::F32 | DType::F16 | DType::Bf16 => f16s::decode_range(dtype, bytes, start, out),
@@ -294,7 +292,7 @@ pub fn decode_row(
         DType::Q1t => q1::decode_q1t_row(g, bytes, row, out),
         DType::Mix8_4 | DType::U8 | DType::Q4Col => return Err(QuantError::Reserved { dtype }),
     }
-    .map_err(bad)
+    .map_err(|reason| inconsistent(dtype, shape, bytes, reason))
 }
 
 /// Encodes row-major f32 `values` of `shape` into the exact payload of `dtype`.
@@ -434,15 +432,6 @@ pub fn error_bounds(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<Vec<f32
         DType::Mix8_4 | DType::U8 | DType::Q4Col => return Err(QuantError::Reserved { dtype }),
     }
     Ok(out)
-}
-
-fn inconsistent(dtype: DType, shape: &[u64], bytes: &[u8], reason: String) -> QuantError {
-    QuantError::Inconsistent {
-        dtype,
-        shape: shape.to_vec(),
-        nbytes: bytes.len(),
-        reason,
-    }
 }
 
 fn alloc_f32(dtype: DType, n: usize) -> Result<Vec<f32>, QuantError> {

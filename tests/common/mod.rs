@@ -1,0 +1,47 @@
+//! What the end-to-end tests share: fixture paths that fail loudly when absent, running the
+//! `cortiq` binary, and reading its exit code and JSON output.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::path::PathBuf;
+use std::process::Output;
+
+use serde_json::Value;
+
+/// `../shared/<rel>` beside the checkout; fails the test naming the path when it is missing.
+pub fn shared(rel: &str) -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared")
+        .join(rel);
+    assert!(
+        p.exists(),
+        "fixture missing: {} (the tests need ../shared beside the checkout)",
+        p.display()
+    );
+    p
+}
+
+/// Runs `cortiq` with string-ish arguments and captures its output.
+#[macro_export]
+macro_rules! run {
+    ($($a:expr),* $(,)?) => {
+        assert_cmd::cargo::cargo_bin_cmd!("cortiq")
+            .args([$(std::ffi::OsStr::new(&$a)),*])
+            .output()
+            .expect("cortiq runs")
+    };
+}
+
+pub fn code(o: &Output) -> i32 {
+    o.status.code().expect("exited, not killed by a signal")
+}
+
+/// Parses stdout as the one JSON document a `--json` run prints.
+pub fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not one JSON document ({e}):\n{}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
+}
