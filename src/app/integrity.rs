@@ -1545,8 +1545,12 @@ mod tests {
         let path = dir.path().join("bench.cmf");
         cortiq_engine::synth::write_bench_file(&path, 1024, 8).unwrap();
         let mut h = open(&path);
+        // Hold the worker at its start so that the cancel lands before any hashing.
+        let gate = h.app.jobs.gate();
+        let held = gate.write().unwrap();
         h.act(Action::Verify).act(Action::Cancel);
         assert!(h.render().contains("cancelling"), "{}", h.render());
+        drop(held);
         h.pump_until("cancelled run done", done);
         let st = state(&h.app);
         let report = st.run.as_ref().unwrap().report.clone().unwrap();

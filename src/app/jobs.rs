@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use cortiq_engine::format::verify::{LinkResult, VerifyReport};
 use cortiq_engine::stats::TensorStats;
@@ -42,6 +42,9 @@ pub enum JobKind {
 pub struct Jobs {
     tx: Sender<Action>,
     running: HashMap<JobKind, Arc<AtomicBool>>,
+    /// Workers take a read lock before they start; a test holds the write lock to keep
+    /// them from starting, so that "cancel before the work finishes" is deterministic.
+    gate: Arc<RwLock<()>>,
 }
 
 impl Jobs {
@@ -49,6 +52,7 @@ impl Jobs {
         Jobs {
             tx,
             running: HashMap::new(),
+            gate: Arc::new(RwLock::new(())),
         }
     }
 
@@ -61,6 +65,7 @@ impl Jobs {
         let cancel = Arc::new(AtomicBool::new(false));
         self.running.insert(kind, cancel.clone());
         let tx = self.tx.clone();
+        let gate = self.gate.clone();
         std::thread::Builder::new()
             .name(format!("cortiq-{kind:?}").to_lowercase())
             .spawn(move || {
@@ -68,6 +73,8 @@ impl Jobs {
                     // The app may be gone (quitting): nothing to tell then.
                     let _ = tx.send(Action::Job(r));
                 };
+                // A poisoned gate only means a test panicked while holding it.
+                let _open = gate.read().unwrap_or_else(|e| e.into_inner());
                 work(&cancel, &report);
             })
             .expect("spawn a worker thread");
@@ -92,5 +99,11 @@ impl Jobs {
 
     pub fn is_running(&self, kind: JobKind) -> bool {
         self.running.contains_key(&kind)
+    }
+
+    /// The gate workers pass before they start (see the field); tests hold its write lock.
+    #[cfg(test)]
+    pub fn gate(&self) -> Arc<RwLock<()>> {
+        self.gate.clone()
     }
 }
