@@ -22,6 +22,7 @@
 //! so that what the decoder computes is exactly what the encoder measured.
 
 pub mod f16s;
+pub mod matrix;
 pub mod q1;
 pub mod q4;
 pub mod q8;
