@@ -1,0 +1,179 @@
+//! Softmax attention with grouped KV heads (GQA): optional q/k/v biases and per-head q/k
+//! RMSNorm (by tensor presence), RoPE (partial rotary included), a sliding window, and
+//! Gemma 2's logit soft-capping.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use super::linear::Linear;
+use super::norm::RmsNorm;
+use super::rope::Rope;
+use crate::runtime::kv_cache::LayerKv;
+
+#[derive(Clone, Debug)]
+pub struct AttentionConfig {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Multiplies q·k: `head_dim^-½` or `query_pre_attn_scalar^-½`.
+    pub scale: f32,
+    /// Keys older than this many positions are masked (sliding-window layers).
+    pub window: Option<usize>,
+    pub softcap: Option<f32>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Attention {
+    pub cfg: AttentionConfig,
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    pub q_norm: Option<RmsNorm>,
+    pub k_norm: Option<RmsNorm>,
+    pub rope: Rope,
+}
+
+/// Buffers for one forward of up to `t_max` tokens, allocated once per session.
+#[derive(Debug)]
+pub struct AttentionScratch {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl AttentionScratch {
+    pub fn new(cfg: &AttentionConfig, t_max: usize) -> AttentionScratch {
+        let q = t_max * cfg.n_heads * cfg.head_dim;
+        let kv = t_max * cfg.n_kv_heads * cfg.head_dim;
+        AttentionScratch {
+            q: vec![0.0; q],
+            k: vec![0.0; kv],
+            v: vec![0.0; kv],
+            att: vec![0.0; q],
+            cos: vec![0.0; cfg.head_dim],
+            sin: vec![0.0; cfg.head_dim],
+        }
+    }
+}
+
+thread_local! {
+    /// Attention scores of one (token, head); grows to the longest context seen, then
+    /// stays, so decoding allocates nothing.
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Attention {
+    /// `h` [t, hidden] (normed input) at positions `pos0..pos0+t` → `out` [t, hidden].
+    /// The new keys and values are appended to `kv` at those positions.
+    pub fn forward(
+        &self,
+        h: &[f32],
+        t: usize,
+        pos0: usize,
+        kv: &mut LayerKv,
+        s: &mut AttentionScratch,
+        out: &mut [f32],
+    ) {
+        let c = &self.cfg;
+        let (hd, nq, nkv) = (c.head_dim, c.n_heads, c.n_kv_heads);
+        let q = &mut s.q[..t * nq * hd];
+        let k = &mut s.k[..t * nkv * hd];
+        let v = &mut s.v[..t * nkv * hd];
+        self.q_proj.forward(h, t, q);
+        self.k_proj.forward(h, t, k);
+        self.v_proj.forward(h, t, v);
+        if let Some(n) = &self.q_norm {
+            n.forward_inplace(q);
+        }
+        if let Some(n) = &self.k_norm {
+            n.forward_inplace(k);
+        }
+        for i in 0..t {
+            self.rope.angles(pos0 + i, &mut s.cos, &mut s.sin);
+            self.rope
+                .apply(&mut q[i * nq * hd..(i + 1) * nq * hd], hd, &s.cos, &s.sin);
+            self.rope
+                .apply(&mut k[i * nkv * hd..(i + 1) * nkv * hd], hd, &s.cos, &s.sin);
+        }
+        kv.store(pos0, k, v);
+
+        let att = &mut s.att[..t * nq * hd];
+        let q = &s.q[..t * nq * hd];
+        let kv = &*kv;
+        let head = |i: usize, hq: usize, o: &mut [f32]| {
+            let qh = &q[(i * nq + hq) * hd..(i * nq + hq + 1) * hd];
+            self.attend(qh, pos0 + i, hq / (nq / nkv), kv, o);
+        };
+        if t == 1 {
+            att.par_chunks_mut(hd)
+                .enumerate()
+                .for_each(|(hq, o)| head(0, hq, o));
+        } else {
+            att.par_chunks_mut(nq * hd).enumerate().for_each(|(i, row)| {
+                for (hq, o) in row.chunks_exact_mut(hd).enumerate() {
+                    head(i, hq, o);
+                }
+            });
+        }
+        self.o_proj.forward(att, t, out);
+    }
+
+    /// One query head at absolute position `pos` over the cached keys `lo..=pos`.
+    fn attend(&self, qh: &[f32], pos: usize, kvh: usize, kv: &LayerKv, o: &mut [f32]) {
+        let c = &self.cfg;
+        let hd = c.head_dim;
+        let lo = c.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        SCORES.with(|cell| {
+            let mut scores = cell.borrow_mut();
+            if scores.len() < pos + 1 {
+                scores.resize(pos + 1, 0.0);
+            }
+            let sc = &mut scores[lo..=pos];
+            let mut max = f32::NEG_INFINITY;
+            for (j, sj) in (lo..=pos).zip(sc.iter_mut()) {
+                let kj = kv.key(j, kvh);
+                let mut d = dot(qh, kj) * c.scale;
+                if let Some(cap) = c.softcap {
+                    d = (d / cap).tanh() * cap;
+                }
+                *sj = d;
+                max = max.max(d);
+            }
+            let mut sum = 0.0;
+            for sj in sc.iter_mut() {
+                *sj = (*sj - max).exp();
+                sum += *sj;
+            }
+            let inv = 1.0 / sum;
+            o[..hd].fill(0.0);
+            for (j, &p) in (lo..=pos).zip(sc.iter()) {
+                let w = p * inv;
+                for (ov, &vv) in o.iter_mut().zip(kv.value(j, kvh)) {
+                    *ov += w * vv;
+                }
+            }
+        });
+    }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ac.zip(bc) {
+        for k in 0..8 {
+            acc[k] += x[k] * y[k];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}

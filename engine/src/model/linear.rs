@@ -1,0 +1,86 @@
+//! A weight matrix in the mmap, in its stored dtype, with an optional bias.
+
+use std::sync::Arc;
+
+use super::ModelError;
+use crate::format::shards::CmfModel;
+use crate::quant::matrix::{self, Matrix};
+
+/// `y = x·Wᵀ (+ b)` with `W` [out, in] read in place from the file.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    pub name: String,
+    pub m: Matrix,
+    file: Arc<CmfModel>,
+    shard: usize,
+    range: std::ops::Range<usize>,
+    pub bias: Option<Vec<f32>>,
+}
+
+impl Linear {
+    /// The matrix `name`, checked to be `[out, in]`.
+    pub fn load(
+        file: &Arc<CmfModel>,
+        name: &str,
+        out_dim: usize,
+        in_dim: usize,
+    ) -> Result<Linear, ModelError> {
+        let (shard, e) = file
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
+        let bytes = file.shards[shard].tensor_bytes(e);
+        let m = Matrix::new(e.dtype, &e.shape, bytes).map_err(|err| ModelError::Tensor {
+            name: name.into(),
+            reason: err.to_string(),
+        })?;
+        if m.rows != out_dim || m.cols != in_dim || e.shape.len() != 2 {
+            return Err(ModelError::Shape {
+                name: name.into(),
+                reason: format!("is {:?}, expected [{out_dim}, {in_dim}]", e.shape),
+            });
+        }
+        let start = bytes.as_ptr() as usize - file.shards[shard].bytes().as_ptr() as usize;
+        Ok(Linear {
+            name: name.into(),
+            m,
+            file: file.clone(),
+            shard,
+            range: start..start + bytes.len(),
+            bias: None,
+        })
+    }
+
+    pub fn out_dim(&self) -> usize {
+        self.m.rows
+    }
+
+    pub fn in_dim(&self) -> usize {
+        self.m.cols
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.file.shards[self.shard].bytes()[self.range.clone()]
+    }
+
+    /// `x` [t, in] → `y` [t, out].
+    pub fn forward(&self, x: &[f32], t: usize, y: &mut [f32]) {
+        let bytes = self.bytes();
+        if t == 1 {
+            matrix::matvec(&self.m, bytes, x, y);
+        } else {
+            matrix::matmul(&self.m, bytes, x, t, y);
+        }
+        if let Some(b) = &self.bias {
+            for row in y.chunks_exact_mut(b.len()) {
+                for (v, bv) in row.iter_mut().zip(b) {
+                    *v += bv;
+                }
+            }
+        }
+    }
+
+    /// Row `r` of `W` decoded (an embedding lookup).
+    pub fn row(&self, r: usize, out: &mut [f32]) {
+        self.m.row(self.bytes(), r, out)
+    }
+}

@@ -1,0 +1,88 @@
+//! Gated MLP: `down(act(gate(x)) ⊙ up(x))`, SwiGLU or GeLU-tanh.
+
+use super::config::Activation;
+use super::linear::Linear;
+
+#[derive(Clone, Debug)]
+pub struct Mlp {
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+    pub act: Activation,
+}
+
+#[derive(Debug)]
+pub struct MlpScratch {
+    g: Vec<f32>,
+    u: Vec<f32>,
+}
+
+impl MlpScratch {
+    pub fn new(intermediate: usize, t_max: usize) -> MlpScratch {
+        MlpScratch {
+            g: vec![0.0; intermediate * t_max],
+            u: vec![0.0; intermediate * t_max],
+        }
+    }
+}
+
+impl Mlp {
+    /// `h` [t, hidden] → `out` [t, hidden].
+    pub fn forward(&self, h: &[f32], t: usize, s: &mut MlpScratch, out: &mut [f32]) {
+        let n = self.gate.out_dim() * t;
+        let (g, u) = (&mut s.g[..n], &mut s.u[..n]);
+        self.gate.forward(h, t, g);
+        self.up.forward(h, t, u);
+        for (gv, &uv) in g.iter_mut().zip(u.iter()) {
+            *gv = activate(self.act, *gv) * uv;
+        }
+        self.down.forward(g, t, out);
+    }
+}
+
+pub fn activate(act: Activation, x: f32) -> f32 {
+    match act {
+        Activation::Silu => x / (1.0 + (-x).exp()),
+        Activation::GeluTanh => {
+            const C: f32 = 0.797_884_6; // √(2/π)
+            0.5 * x * (1.0 + (C * (x + 0.044715 * x * x * x)).tanh())
+        }
+        Activation::Gelu => {
+            0.5 * x * (1.0 + erf(x as f64 / std::f64::consts::SQRT_2) as f32)
+        }
+    }
+}
+
+/// erf to ~1e-7 (Abramowitz–Stegun 7.1.26 is too coarse for parity; this is the
+/// complementary-error-function series of Numerical Recipes' `erfc`, accurate to 1.2e-7).
+fn erf(x: f64) -> f64 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t * (-z * z - 1.265_512_23
+        + t * (1.000_023_68
+            + t * (0.374_091_96
+                + t * (0.096_784_18
+                    + t * (-0.186_288_06
+                        + t * (0.278_868_07
+                            + t * (-1.135_203_98
+                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
+        .exp();
+    if x >= 0.0 {
+        1.0 - r
+    } else {
+        r - 1.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn activations() {
+        assert!((activate(Activation::Silu, 1.0) - 0.731_058_6).abs() < 1e-6);
+        assert!((activate(Activation::GeluTanh, 1.0) - 0.841_192).abs() < 1e-5);
+        assert!((activate(Activation::Gelu, 1.0) - 0.841_344_7).abs() < 1e-6);
+        assert!((activate(Activation::Gelu, -2.0) - -0.045_500_26).abs() < 1e-6);
+    }
+}

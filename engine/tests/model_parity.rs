@@ -1,0 +1,173 @@
+//! The engine against transformers: Hugging Face fixtures converted at f32 must give the
+//! reference logits and hidden states (DESIGN.md's numerical contract), and greedy decoding
+//! through the KV cache must give the reference continuation.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cortiq_engine::format::dtype::DType;
+use cortiq_engine::format::shards::CmfModel;
+use cortiq_engine::import::hf::{convert, ConvertOptions};
+use cortiq_engine::model::{Logits, Model};
+use safetensors::SafeTensors;
+
+pub struct Reference {
+    pub input_ids: Vec<u32>,
+    pub logits: Vec<f32>,
+    pub hidden: Option<Vec<f32>>,
+    pub greedy: Option<Vec<u32>>,
+}
+
+fn f32s(st: &SafeTensors, name: &str) -> Option<Vec<f32>> {
+    let t = st.tensor(name).ok()?;
+    assert_eq!(t.dtype(), safetensors::Dtype::F32, "{name}");
+    Some(
+        t.data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect(),
+    )
+}
+
+fn ids(st: &SafeTensors, name: &str) -> Option<Vec<u32>> {
+    let t = st.tensor(name).ok()?;
+    Some(match t.dtype() {
+        safetensors::Dtype::I32 => t
+            .data()
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes(b.try_into().unwrap()) as u32)
+            .collect(),
+        safetensors::Dtype::I64 => t
+            .data()
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
+            .collect(),
+        d => panic!("{name}: unexpected dtype {d:?}"),
+    })
+}
+
+pub fn reference(path: &Path) -> Reference {
+    let bytes = std::fs::read(path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    Reference {
+        input_ids: ids(&st, "input_ids").expect("input_ids"),
+        logits: f32s(&st, "logits").expect("logits"),
+        hidden: f32s(&st, "hidden_states"),
+        greedy: ids(&st, "greedy_ids"),
+    }
+}
+
+/// max |a−b| and the contract's bound `1e-3·(1 + max|b|)`.
+fn close(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    let max_ref = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let (mut worst, mut at) = (0f32, 0);
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        let d = (a - b).abs();
+        if d > worst || d.is_nan() {
+            worst = d;
+            at = i;
+        }
+    }
+    let bound = 1e-3 * (1.0 + max_ref);
+    assert!(
+        worst <= bound,
+        "{what}: max |Δ| = {worst} at {at} (got {}, want {}), bound {bound}",
+        got[at],
+        want[at]
+    );
+}
+
+fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+pub fn check_logits(what: &str, model: &Model, r: &Reference) -> Vec<f32> {
+    let t = r.input_ids.len();
+    let mut cache = model.new_cache(64);
+    let mut ws = model.new_workspace(t);
+    let mut hidden = Vec::new();
+    model
+        .forward(&r.input_ids, &mut cache, &mut ws, Logits::All, Some(&mut hidden))
+        .unwrap();
+    let v = model.config.vocab;
+    for i in 0..t {
+        let (g, w) = (&ws.logits[i * v..(i + 1) * v], &r.logits[i * v..(i + 1) * v]);
+        assert_eq!(argmax(g), argmax(w), "{what}: argmax differs at position {i}");
+    }
+    close(&format!("{what} logits"), &ws.logits, &r.logits);
+    hidden
+}
+
+fn convert_f32(family: &str, dir: &Path) -> Model {
+    let src = common::fixture(&format!("hf/{family}"));
+    let out = dir.join(format!("{family}.cmf"));
+    convert(&src, &out, &ConvertOptions::new(DType::F32), &mut |_| {}).unwrap();
+    Model::load(Arc::new(CmfModel::open(&out).unwrap())).unwrap()
+}
+
+fn hf_family(family: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = convert_f32(family, dir.path());
+    let r = reference(&common::fixture(&format!("hf/{family}/reference.safetensors")));
+    let hidden = check_logits(family, &model, &r);
+    // Hidden states layer by layer, so that a failure names the first diverging layer.
+    let want = r.hidden.expect("hidden_states");
+    let per = r.input_ids.len() * model.config.hidden;
+    assert_eq!(hidden.len(), want.len(), "{family}: hidden state count");
+    for (l, (g, w)) in hidden.chunks(per).zip(want.chunks(per)).enumerate() {
+        close(&format!("{family} hidden_states[{l}]"), g, w);
+    }
+    // Greedy continuation through the KV cache: prefill, then one token at a time.
+    let greedy = r.greedy.expect("greedy_ids");
+    let mut cache = model.new_cache(128);
+    let mut ws = model.new_workspace(8);
+    let mut next = None;
+    for chunk in r.input_ids.chunks(8) {
+        model
+            .forward(chunk, &mut cache, &mut ws, Logits::Last, None)
+            .unwrap();
+        next = Some(argmax(&ws.logits) as u32);
+    }
+    let mut got = Vec::new();
+    for _ in 0..greedy.len() {
+        let id = next.unwrap();
+        got.push(id);
+        model.forward(&[id], &mut cache, &mut ws, Logits::Last, None).unwrap();
+        next = Some(argmax(&ws.logits) as u32);
+    }
+    assert_eq!(got, greedy, "{family}: greedy continuation");
+}
+
+#[test]
+fn llama() {
+    hf_family("llama");
+}
+
+#[test]
+fn qwen2() {
+    hf_family("qwen2");
+}
+
+#[test]
+fn qwen3() {
+    hf_family("qwen3");
+}
+
+#[test]
+fn gemma3() {
+    hf_family("gemma3");
+}
+
+#[test]
+fn llama_gguf_source() {
+    hf_family("llama_gguf");
+}
