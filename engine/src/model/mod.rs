@@ -63,6 +63,8 @@ pub struct Model {
     /// `lm_head.weight`, or the embedding when tied.
     pub lm_head: Linear,
     pub tied: bool,
+    /// What the loader had to assume (shown to the user, never silently).
+    pub warnings: Vec<String>,
 }
 
 /// Which positions' logits a forward computes.
@@ -134,8 +136,39 @@ impl Model {
     /// Builds the blocks of every layer from the tensors present. Reads only the small
     /// vectors (norms, biases); weight matrices stay in the mmap.
     pub fn load(file: Arc<CmfModel>) -> Result<Model, ModelError> {
+        Model::load_with(file, &serde_json::Map::new())
+    }
+
+    /// [`Model::load`] with arch fields replaced or added first (`--arch key=value`): the
+    /// way to run a file whose converter left out a field, such as the reference
+    /// converter's Gemma 3 files, which carry no `sliding_window`.
+    pub fn load_with(
+        file: Arc<CmfModel>,
+        overrides: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Model, ModelError> {
         let arch = file.header().arch.as_ref().ok_or(ModelError::NoArch)?;
-        let c = ModelConfig::from_arch(arch)?;
+        let arch = if overrides.is_empty() {
+            arch.clone()
+        } else {
+            let mut v = serde_json::to_value(arch).expect("an arch serialises");
+            let obj = v.as_object_mut().expect("an arch is an object");
+            for (k, val) in overrides {
+                obj.insert(k.clone(), val.clone());
+            }
+            serde_json::from_value(v).map_err(|e| ModelError::Config {
+                field: "(override)".into(),
+                reason: e.to_string(),
+            })?
+        };
+        let c = ModelConfig::from_arch(&arch)?;
+        let mut warnings = Vec::new();
+        if c.layer_kinds.contains(&LayerKind::SlidingAttention) && c.sliding_window.is_none() {
+            warnings.push(
+                "the arch has sliding-window layers but no sliding_window: they attend to the \
+                 whole context (set it with --arch sliding_window=N)"
+                    .to_string(),
+            );
+        }
         let f = &file;
         let has = |n: &str| f.get(n).is_some();
         let norm = |n: &str, len: usize| -> Result<RmsNorm, ModelError> {
@@ -227,6 +260,7 @@ impl Model {
         // The widest MLP decides the scratch size (intermediate_size may be absent).
         c.intermediate = layers.iter().map(|l| l.mlp.gate.out_dim()).max().unwrap_or(0);
         Ok(Model {
+            warnings,
             norm: final_norm,
             embed,
             lm_head,
