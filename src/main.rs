@@ -67,6 +67,10 @@ enum Command {
     Skill(cli::skill::Command),
     /// Write a self-made demo model (every dtype, masks, a skill, experts) and show it.
     Demo(cli::demo::Args),
+    /// Every position's logits (and hidden states) of one forward, as safetensors.
+    Logits(cli::logits::Args),
+    /// Prefill and decode speed, time to first token, peak RSS.
+    Bench(cli::bench::Args),
 }
 
 /// Arguments of `cortiq tui`; the workbench task will move this into `src/app`.
@@ -93,6 +97,8 @@ impl Command {
             Command::Convert(a) => a.json,
             Command::Skill(c) => c.json(),
             Command::Demo(a) => a.json,
+            Command::Logits(a) => a.json,
+            Command::Bench(a) => a.json,
         }
     }
 
@@ -111,6 +117,8 @@ impl Command {
             Command::Convert(a) => cli::convert::run(a),
             Command::Skill(c) => cli::skill::run(c),
             Command::Demo(a) => cli::demo::run(a),
+            Command::Logits(a) => cli::logits::run(a),
+            Command::Bench(a) => cli::bench::run(a),
         }
     }
 }

@@ -240,3 +240,72 @@ fn gguf_imports_of_every_quant_type() {
         check_logits(&stem, &model, &r);
     }
 }
+
+/// The session's greedy generation (chunked prefill, KV cache, stop handling) gives the
+/// reference continuation; a second turn that extends the first reuses its cache.
+#[test]
+fn session_generates_the_reference_continuation_and_reuses_its_prefix() {
+    use cortiq_engine::runtime::sampler::SamplingParams;
+    use cortiq_engine::runtime::session::{Event, GenerateParams, Session, StopReason};
+    let dir = tempfile::tempdir().unwrap();
+    let model = Arc::new(convert_f32("qwen3", dir.path()));
+    let r = reference(&common::fixture("hf/qwen3/reference.safetensors"));
+    let greedy = r.greedy.clone().unwrap();
+    let mut session = Session::new(model.clone(), 256);
+    let params = GenerateParams {
+        max_tokens: greedy.len(),
+        sampling: SamplingParams::greedy(),
+        stop_ids: vec![],
+    };
+    let mut events = Vec::new();
+    let (ids, stats) = session
+        .generate(&r.input_ids, &params, None, &mut |e| events.push(e.clone()))
+        .unwrap();
+    assert_eq!(ids, greedy);
+    assert_eq!(stats.stop, StopReason::MaxTokens);
+    assert_eq!(stats.reused_tokens, 0);
+    assert!(matches!(events[0], Event::Prefilled { tokens: 32, .. }));
+    assert_eq!(events.len(), 1 + greedy.len());
+
+    // Turn two: the first turn's prompt and answer, then more. Only the new part runs, and
+    // the result equals a fresh session's.
+    let mut prompt2 = r.input_ids.clone();
+    prompt2.extend_from_slice(&ids);
+    prompt2.extend_from_slice(&[5, 6, 7]);
+    let short = GenerateParams {
+        max_tokens: 4,
+        ..params.clone()
+    };
+    let (a, stats) = session.generate(&prompt2, &short, None, &mut |_| {}).unwrap();
+    assert_eq!(stats.reused_tokens, r.input_ids.len() + greedy.len() - 1);
+    let mut fresh = Session::new(model.clone(), 256);
+    let (b, _) = fresh.generate(&prompt2, &short, None, &mut |_| {}).unwrap();
+    assert_eq!(a, b);
+
+    // A stop id ends generation and is returned; a raised cancel flag stops before any.
+    let stop = GenerateParams {
+        stop_ids: vec![greedy[2]],
+        ..params.clone()
+    };
+    let (c, stats) = fresh.generate(&r.input_ids, &stop, None, &mut |_| {}).unwrap();
+    assert_eq!(c, greedy[..=greedy.iter().position(|&t| t == greedy[2]).unwrap()]);
+    assert_eq!(stats.stop, StopReason::Eos);
+    let cancel = std::sync::atomic::AtomicBool::new(true);
+    let (d, stats) = fresh
+        .generate(&r.input_ids, &params, Some(&cancel), &mut |_| {})
+        .unwrap();
+    assert!(d.is_empty());
+    assert_eq!(stats.stop, StopReason::Cancelled);
+
+    // The context limit is reported, not overrun.
+    let mut tiny = Session::new(model, 34);
+    let (e, stats) = tiny.generate(&r.input_ids, &params, None, &mut |_| {}).unwrap();
+    assert_eq!(stats.stop, StopReason::ContextFull);
+    assert_eq!(e.len(), 3);
+    assert_eq!(e, greedy[..3]);
+    let too_long: Vec<u32> = vec![1; 40];
+    assert!(matches!(
+        tiny.generate(&too_long, &params, None, &mut |_| {}),
+        Err(cortiq_engine::model::ModelError::ContextFull { .. })
+    ));
+}

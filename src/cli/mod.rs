@@ -1,13 +1,16 @@
 //! One module per subcommand. Each has an `Args` struct (clap derive) and
 //! `pub fn run(args: &Args) -> CmdResult`; shared plumbing lives in [`common`].
 
+pub mod bench;
 pub mod common;
 pub mod compact;
 pub mod convert;
 pub mod demo;
 pub mod diff;
+pub mod engine;
 pub mod import_gguf;
 pub mod info;
+pub mod logits;
 pub mod masks;
 pub mod sign;
 pub mod skill;

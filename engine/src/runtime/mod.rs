@@ -1,4 +1,6 @@
-//! Running a model: the KV cache, sessions (prefill, decode, sampling, events,
-//! cancellation).
+//! Running a model: the KV cache, sessions (prefill, decode, events, cancellation) and
+//! sampling.
 
 pub mod kv_cache;
+pub mod sampler;
+pub mod session;

@@ -1,0 +1,143 @@
+//! `cortiq bench FILE [--prompt-tokens N] [--tokens N] [--threads N] [--json]`: prefill
+//! and decode speed, time to first token and peak RSS. Each measurement runs `--repeat`
+//! times after a warm-up (weights paged in) and the median is reported, as llama-bench
+//! reports averages over repetitions.
+
+use std::time::Instant;
+
+use cortiq_engine::model::Logits;
+use cortiq_engine::runtime::sampler::argmax;
+use cortiq_engine::runtime::session::PREFILL_CHUNK;
+use serde_json::json;
+
+use super::common::{emit, print_json, CliError, CmdResult, Status};
+use super::engine::{model_error, ModelArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt length for the prefill measurement.
+    #[arg(long, default_value_t = 128, value_name = "N")]
+    pub prompt_tokens: usize,
+    /// Tokens to decode for the decode measurement.
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    pub tokens: usize,
+    /// Repetitions of each measurement (the median is reported).
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub repeat: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Peak resident set size of this process (`VmHWM`), in bytes.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+pub fn run(a: &Args) -> CmdResult {
+    if a.prompt_tokens == 0 || a.tokens == 0 || a.repeat == 0 {
+        return Err(CliError::usage(
+            "--prompt-tokens, --tokens and --repeat must be at least 1",
+        ));
+    }
+    let load_start = Instant::now();
+    let model = a.model.load()?;
+    let load_s = load_start.elapsed().as_secs_f64();
+    let c = &model.config;
+    let need = a.prompt_tokens + a.tokens;
+    if need > c.max_positions {
+        return Err(CliError::usage(format!(
+            "{need} positions asked; the model holds {}",
+            c.max_positions
+        )));
+    }
+    let err = |e| model_error(&a.model.file, &e);
+    // A fixed pseudo-random prompt (the content does not change the cost).
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let prompt: Vec<u32> = (0..a.prompt_tokens)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % c.vocab as u64) as u32
+        })
+        .collect();
+    let mut cache = model.new_cache(need);
+    let mut ws = model.new_workspace(PREFILL_CHUNK);
+
+    // Warm-up: page the weights in and size every buffer.
+    cache.truncate(0);
+    model
+        .forward(&prompt[..prompt.len().min(8)], &mut cache, &mut ws, Logits::Last, None)
+        .map_err(err)?;
+
+    let (mut prefill, mut decode, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..a.repeat {
+        cache.truncate(0);
+        let t0 = Instant::now();
+        let n = prompt.len().div_ceil(PREFILL_CHUNK);
+        for (i, chunk) in prompt.chunks(PREFILL_CHUNK).enumerate() {
+            let want = if i + 1 == n { Logits::Last } else { Logits::None };
+            model.forward(chunk, &mut cache, &mut ws, want, None).map_err(err)?;
+        }
+        let mut next = argmax(&ws.logits) as u32;
+        let p = t0.elapsed().as_secs_f64();
+        prefill.push(prompt.len() as f64 / p);
+        ttft.push(p);
+        let t1 = Instant::now();
+        for _ in 0..a.tokens {
+            model.forward(&[next], &mut cache, &mut ws, Logits::Last, None).map_err(err)?;
+            next = argmax(&ws.logits) as u32;
+        }
+        decode.push(a.tokens as f64 / t1.elapsed().as_secs_f64());
+    }
+    let threads = rayon::current_num_threads();
+    let dtypes = {
+        let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
+        for (_, e) in model.file.tensors() {
+            *counts.entry(e.dtype.to_string()).or_default() += e.nbytes;
+        }
+        counts
+    };
+    let (pf, dc, tt) = (median(prefill), median(decode), median(ttft));
+    let rss = peak_rss_bytes();
+    if a.json {
+        print_json(&json!({
+            "file": a.model.file.display().to_string(),
+            "prefill_tok_s": pf,
+            "decode_tok_s": dc,
+            "ttft_s": tt,
+            "peak_rss_bytes": rss,
+            "load_s": load_s,
+            "threads": threads,
+            "prompt_tokens": a.prompt_tokens,
+            "decode_tokens": a.tokens,
+            "repeat": a.repeat,
+            "model_bytes": model.file.total_bytes(),
+            "weight_bytes_by_dtype": dtypes,
+        }))?;
+    } else {
+        emit(&format!(
+            "{}\n  threads {threads}, prompt {} tokens, decode {} tokens, median of {}\n  \
+             prefill {pf:.1} tok/s   decode {dc:.1} tok/s   ttft {:.1} ms\n  \
+             load {:.1} ms   peak RSS {}\n",
+            a.model.file.display(),
+            a.prompt_tokens,
+            a.tokens,
+            a.repeat,
+            tt * 1e3,
+            load_s * 1e3,
+            rss.map_or("?".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
+        ))?;
+    }
+    Ok(Status::Success)
+}

@@ -1,0 +1,154 @@
+//! What the commands that run a model share: loading it (hash chain checked first, unless
+//! `--no-verify`), the thread pool, arch overrides, and token-id parsing.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cortiq_engine::format::shards::CmfModel;
+use cortiq_engine::format::verify::{verify, LinkStatus, VerifyOptions};
+use cortiq_engine::model::{Model, ModelError};
+use serde_json::{Map, Value};
+
+use super::common::CliError;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Model file (or one shard of a set).
+    pub file: PathBuf,
+    /// Worker threads (default: every core).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// Context length in tokens (default: the model's, at most 4096).
+    #[arg(long, value_name = "N")]
+    pub ctx: Option<usize>,
+    /// Replace or add an arch field before loading, e.g. `--arch sliding_window=4096`
+    /// (the value is JSON when it parses as JSON, else a string). Repeatable.
+    #[arg(long = "arch", value_name = "KEY=VALUE")]
+    pub arch: Vec<String>,
+    /// Skip the hash check of the weights at load.
+    #[arg(long)]
+    pub no_verify: bool,
+}
+
+/// `key=value` with the value read as JSON when it is valid JSON (`false`, `8`, `"x"`).
+pub fn parse_var(s: &str, flag: &str) -> Result<(String, Value), CliError> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| CliError::usage(format!("{flag} {s:?}: expected KEY=VALUE")))?;
+    if k.is_empty() {
+        return Err(CliError::usage(format!("{flag} {s:?}: empty key")));
+    }
+    let value = serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_string()));
+    Ok((k.to_string(), value))
+}
+
+/// `1,2,3` (spaces allowed) as token ids.
+pub fn parse_ids(s: &str) -> Result<Vec<u32>, CliError> {
+    let ids: Result<Vec<u32>, _> = s
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse::<u32>())
+        .collect();
+    match ids {
+        Ok(v) if !v.is_empty() => Ok(v),
+        Ok(_) => Err(CliError::usage("--ids: no token ids given")),
+        Err(e) => Err(CliError::usage(format!("--ids {s:?}: {e}"))),
+    }
+}
+
+pub fn model_error(path: &Path, e: &ModelError) -> CliError {
+    let code = match e {
+        ModelError::TokenOutOfRange { .. } | ModelError::ContextFull { .. } => 2,
+        _ => 1,
+    };
+    CliError {
+        kind: "Model".into(),
+        message: format!("{}: {e}", path.display()),
+        code,
+    }
+}
+
+/// Sets the size of rayon's global pool once per process.
+pub fn init_threads(threads: Option<usize>) -> Result<(), CliError> {
+    if let Some(n) = threads {
+        if n == 0 {
+            return Err(CliError::usage("--threads must be at least 1"));
+        }
+        // Only fails when the pool already exists (tests calling twice): keep it then.
+        let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
+    }
+    Ok(())
+}
+
+impl ModelArgs {
+    pub fn overrides(&self) -> Result<Map<String, Value>, CliError> {
+        let mut m = Map::new();
+        for s in &self.arch {
+            let (k, v) = parse_var(s, "--arch")?;
+            m.insert(k, v);
+        }
+        Ok(m)
+    }
+
+    /// Opens, verifies and loads the model; loader warnings go to stderr.
+    pub fn load(&self) -> Result<Arc<Model>, CliError> {
+        init_threads(self.threads)?;
+        let overrides = self.overrides()?;
+        if self.file.is_dir() {
+            return Err(CliError::io(format!(
+                "{}: is a directory, not a CMF file",
+                self.file.display()
+            )));
+        }
+        let file = CmfModel::open(&self.file).map_err(|e| CliError::format(&self.file, &e))?;
+        if !self.no_verify {
+            // A flipped weight byte must not silently change answers: the whole chain is
+            // checked first (tens of milliseconds for a 500 MB file).
+            for shard in &file.shards {
+                let report = verify(
+                    shard,
+                    &VerifyOptions {
+                        payload_check: Some(|d, s, b| {
+                            cortiq_engine::quant::validate(d, s, b).map_err(|e| e.to_string())
+                        }),
+                        ..Default::default()
+                    },
+                    &|_| {},
+                );
+                if let Some(f) = report.first_failure {
+                    let why = match &f.status {
+                        LinkStatus::Mismatch { expected, actual } => {
+                            format!("hash {actual}, recorded {expected}")
+                        }
+                        LinkStatus::Invalid { reason } => reason.clone(),
+                        other => format!("{other:?}"),
+                    };
+                    return Err(CliError {
+                        kind: "Integrity".into(),
+                        message: format!(
+                            "{}: the {} fails its check ({why}); `cortiq verify` shows the \
+                             whole chain, --no-verify runs the model anyway",
+                            self.file.display(),
+                            f.link.describe(),
+                        ),
+                        code: 1,
+                    });
+                }
+            }
+        }
+        let model = Model::load_with(Arc::new(file), &overrides)
+            .map_err(|e| model_error(&self.file, &e))?;
+        for w in &model.warnings {
+            eprintln!("cortiq: warning: {w}");
+        }
+        Ok(Arc::new(model))
+    }
+
+    /// The session context: `--ctx`, or the model's maximum capped at 4096.
+    pub fn context(&self, model: &Model) -> usize {
+        self.ctx
+            .unwrap_or(4096)
+            .min(model.config.max_positions)
+            .max(1)
+    }
+}

@@ -1,0 +1,107 @@
+//! `cortiq ppl FILE (--text-file F | --ids ...)`: teacher-forced negative log-likelihood of
+//! every token given the ones before it, and the perplexity `exp(mean nll)`. A text longer
+//! than the model's context is scored in consecutive windows, each starting fresh.
+
+use std::path::PathBuf;
+
+use cortiq_engine::chat::ChatBundle;
+use cortiq_engine::model::Logits;
+use cortiq_engine::runtime::session::PREFILL_CHUNK;
+use serde_json::json;
+
+use super::common::{emit, print_json, CliError, CmdResult, Status};
+use super::engine::{model_error, parse_ids, ModelArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// UTF-8 text to score, tokenized with the file's tokenizer (special tokens as the
+    /// tokenizer adds them, e.g. a BOS).
+    #[arg(long, value_name = "FILE", conflicts_with = "ids", required_unless_present = "ids")]
+    pub text_file: Option<PathBuf>,
+    /// Token ids to score, comma-separated.
+    #[arg(long, value_name = "1,2,3")]
+    pub ids: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `-log softmax(logits)[target]`, in f64.
+pub fn nll(logits: &[f32], target: u32) -> f64 {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+    let sum: f64 = logits.iter().map(|&v| (v as f64 - max).exp()).sum();
+    let lse = max + sum.ln();
+    lse - logits[target as usize] as f64
+}
+
+pub fn run(a: &Args) -> CmdResult {
+    let model = a.model.load()?;
+    let ids = match (&a.ids, &a.text_file) {
+        (Some(s), _) => parse_ids(s)?,
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| CliError::usage(format!("--text-file {}: {e}", path.display())))?;
+            let bundle = ChatBundle::from_model(&model.file)
+                .map_err(|e| CliError::usage(format!("{}: {e}", a.model.file.display())))?;
+            let tok = bundle.tokenizer().ok_or_else(|| {
+                CliError::usage(format!(
+                    "{}: the file has no tokenizer; pass --ids",
+                    a.model.file.display()
+                ))
+            })?;
+            tok.encode(&text, true)
+                .map_err(|e| CliError::usage(format!("tokenizing {}: {e}", path.display())))?
+        }
+        (None, None) => return Err(CliError::usage("give --text-file or --ids")),
+    };
+    if ids.len() < 2 {
+        return Err(CliError::usage(
+            "perplexity needs at least 2 tokens (the first is only context)",
+        ));
+    }
+    let c = &model.config;
+    let window = a.model.ctx.unwrap_or(c.max_positions).min(c.max_positions).max(2);
+    let mut cache = model.new_cache(window);
+    let mut ws = model.new_workspace(PREFILL_CHUNK);
+    let mut nlls = Vec::with_capacity(ids.len() - 1);
+    let v = c.vocab;
+    let err = |e| model_error(&a.model.file, &e);
+    let mut windows = 0;
+    for win in ids.chunks(window) {
+        windows += 1;
+        cache.truncate(0);
+        let mut pos = 0;
+        for chunk in win.chunks(PREFILL_CHUNK) {
+            model
+                .forward(chunk, &mut cache, &mut ws, Logits::All, None)
+                .map_err(err)?;
+            for i in 0..chunk.len() {
+                if let Some(&target) = win.get(pos + i + 1) {
+                    nlls.push(nll(&ws.logits[i * v..(i + 1) * v], target));
+                }
+            }
+            pos += chunk.len();
+        }
+    }
+    let mean = nlls.iter().sum::<f64>() / nlls.len().max(1) as f64;
+    let ppl = mean.exp();
+    if a.json {
+        print_json(&json!({
+            "nll": nlls,
+            "ppl": ppl,
+            "mean_nll": mean,
+            "tokens": ids.len(),
+            "scored": nlls.len(),
+            "windows": windows,
+            "window": window,
+        }))?;
+    } else {
+        emit(&format!(
+            "perplexity {ppl:.4} (mean nll {mean:.4} over {} tokens, {windows} window{} of up to {window})\n",
+            nlls.len(),
+            if windows == 1 { "" } else { "s" }
+        ))?;
+    }
+    Ok(Status::Success)
+}

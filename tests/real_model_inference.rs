@@ -1,0 +1,247 @@
+#![cfg(feature = "real-models")]
+//! The engine on the real models of `../shared/models/fetch.sh`, end to end through the
+//! CLI, against what transformers computes on the same dequantized weights
+//! (`../shared/fixtures/{smollm2,qwen25coder}/reference.safetensors`):
+//! - imported at f32: the chat prompt renders and tokenizes to `chat_ids`, the greedy
+//!   answer is `chat_greedy` token for token, the last position's logits match
+//!   `chat_last_logits`, and the passage's perplexity is within 1% of the reference;
+//! - imported at q8 (`q8_row`): perplexity within 3%.
+//!
+//! `cargo test --release --features real-models --test real_model_inference`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+
+fn model(name: &str) -> PathBuf {
+    let dir = std::env::var_os("CMF_MODELS")
+        .map(PathBuf::from)
+        .or_else(|| dirs::home_dir().map(|h| h.join(".cache/cmf-models")))
+        .expect("no $CMF_MODELS and no home directory: run ../shared/models/fetch.sh");
+    let p = dir.join(name);
+    assert!(
+        p.is_file(),
+        "model {} is missing: run ../shared/models/fetch.sh",
+        p.display()
+    );
+    p
+}
+
+struct Fixture {
+    bytes: Vec<u8>,
+}
+
+impl Fixture {
+    fn load(dir: &str) -> Fixture {
+        let p = common::shared(&format!("fixtures/{dir}/reference.safetensors"));
+        let bytes = std::fs::read(&p).unwrap_or_else(|e| panic!("fixture {} is missing: {e}", p.display()));
+        Fixture { bytes }
+    }
+
+    fn st(&self) -> SafeTensors<'_> {
+        SafeTensors::deserialize(&self.bytes).expect("fixture parses")
+    }
+
+    fn ids(&self, name: &str) -> Vec<u32> {
+        let st = self.st();
+        let t = st.tensor(name).unwrap_or_else(|e| panic!("fixture has no {name}: {e}"));
+        match t.dtype() {
+            Dtype::I32 => t
+                .data()
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as u32)
+                .collect(),
+            Dtype::I64 => t
+                .data()
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+                .collect(),
+            d => panic!("{name} is {d:?}"),
+        }
+    }
+
+    fn f32s(&self, name: &str) -> Vec<f32> {
+        let st = self.st();
+        let t = st.tensor(name).unwrap_or_else(|e| panic!("fixture has no {name}: {e}"));
+        t.data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    fn meta(&self, key: &str) -> String {
+        let (_, m) = SafeTensors::read_metadata(&self.bytes).expect("fixture header parses");
+        let raw = m
+            .metadata()
+            .as_ref()
+            .and_then(|md| md.get(key))
+            .unwrap_or_else(|| panic!("fixture metadata has no {key}"))
+            .clone();
+        match serde_json::from_str::<Value>(&raw) {
+            Ok(Value::String(s)) => s,
+            _ => raw,
+        }
+    }
+}
+
+fn csv(ids: &[u32]) -> String {
+    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn import(gguf: &Path, out: &Path, quant: &str) {
+    let o = assert_cmd::cargo::cargo_bin_cmd!("cortiq")
+        .args(["import-gguf"])
+        .arg(gguf)
+        .arg("-o")
+        .arg(out)
+        .args(["--quant", quant])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "import {quant}: {}", String::from_utf8_lossy(&o.stderr));
+}
+
+fn json_of(args: &[&str], file: &Path) -> Value {
+    let o = assert_cmd::cargo::cargo_bin_cmd!("cortiq")
+        .arg(args[0])
+        .arg(file)
+        .args(&args[1..])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "cortiq {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!("cortiq {args:?}: not JSON ({e}): {}", String::from_utf8_lossy(&o.stdout))
+    })
+}
+
+fn ppl_of(file: &Path, text_ids: &[u32]) -> f64 {
+    let j = json_of(&["ppl", "--ids", &csv(text_ids), "--json"], file);
+    j["ppl"].as_f64().expect("ppl")
+}
+
+fn check(gguf: &str, dir: &str, system: Option<&str>, question: &str) {
+    let fx = Fixture::load(dir);
+    let src = model(gguf);
+    let tmp = tempfile::tempdir().unwrap();
+    let f32_file = tmp.path().join("f32.cmf");
+    import(&src, &f32_file, "f32");
+
+    // The template inspector renders the fixture's chat exactly.
+    let mut messages = Vec::new();
+    if let Some(s) = system {
+        messages.push(serde_json::json!({"role": "system", "content": s}));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": question}));
+    let mpath = tmp.path().join("messages.json");
+    std::fs::write(&mpath, serde_json::to_vec(&messages).unwrap()).unwrap();
+    let p = json_of(&["prompt", "--messages", mpath.to_str().unwrap(), "--ids", "--json"], &f32_file);
+    assert_eq!(p["prompt"].as_str().unwrap(), fx.meta("rendered_chat"), "{gguf}: rendered chat");
+    let chat_ids = fx.ids("chat_ids");
+    let got_ids: Vec<u32> = p["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(got_ids, chat_ids, "{gguf}: chat ids");
+
+    // Greedy answer, token for token, through the KV cache.
+    let want = fx.ids("chat_greedy");
+    let j = json_of(
+        &["run", "--ids", &csv(&chat_ids), "--greedy", "--max-tokens", &want.len().to_string(), "--json"],
+        &f32_file,
+    );
+    let got: Vec<u32> = j["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(got, want, "{gguf}: greedy answer (text {:?})", j["text"]);
+    eprintln!("{gguf}: greedy answer {:?} equals the reference", j["text"]);
+
+    // The same question as text, through the chat template and tokenizer.
+    let mut args = vec!["run", "--prompt", question, "--greedy", "--json"];
+    if let Some(s) = system {
+        args.extend(["--system", s]);
+    }
+    let max = want.len().to_string();
+    args.extend(["--max-tokens", &max]);
+    let j = json_of(&args, &f32_file);
+    let answer = fx.meta("answer");
+    assert_eq!(
+        j["text"].as_str().unwrap(),
+        answer.trim_end_matches("<|im_end|>"),
+        "{gguf}: answer text"
+    );
+
+    // Logits of the last chat position.
+    let out = tmp.path().join("logits.safetensors");
+    let o = assert_cmd::cargo::cargo_bin_cmd!("cortiq")
+        .arg("logits")
+        .arg(&f32_file)
+        .args(["--ids", &csv(&chat_ids), "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bytes = std::fs::read(&out).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let logits: Vec<f32> = st
+        .tensor("logits")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let reference = fx.f32s("chat_last_logits");
+    let last = &logits[logits.len() - reference.len()..];
+    let max_ref = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = last
+        .iter()
+        .zip(&reference)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    eprintln!("{gguf}: last-position logits max |Δ| {worst} (max |logit| {max_ref})");
+    assert!(worst <= 1e-3 * (1.0 + max_ref), "{gguf}: logits max |Δ| {worst}");
+
+    // Perplexity of the passage: f32 within 1%, q8 within 3%.
+    let text_ids = fx.ids("text_ids");
+    let reference_ppl: f64 = fx.meta("text_ppl").parse().unwrap();
+    let ppl = ppl_of(&f32_file, &text_ids);
+    eprintln!("{gguf}: f32 perplexity {ppl:.4}, reference {reference_ppl}");
+    assert!((ppl / reference_ppl - 1.0).abs() < 0.01, "{gguf}: f32 ppl {ppl} vs {reference_ppl}");
+    drop(std::fs::remove_file(&f32_file));
+
+    let q8 = tmp.path().join("q8.cmf");
+    import(&src, &q8, "q8_row");
+    let ppl = ppl_of(&q8, &text_ids);
+    eprintln!("{gguf}: q8_row perplexity {ppl:.4}, reference {reference_ppl}");
+    assert!((ppl / reference_ppl - 1.0).abs() < 0.03, "{gguf}: q8 ppl {ppl} vs {reference_ppl}");
+}
+
+#[test]
+fn smollm2_answers_and_scores_like_the_reference() {
+    check(
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "smollm2",
+        Some("You are a helpful AI assistant named SmolLM, trained by Hugging Face"),
+        "What is the capital of France?",
+    );
+}
+
+#[test]
+fn qwen25coder_answers_and_scores_like_the_reference() {
+    check(
+        "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
+        "qwen25coder",
+        None,
+        "Write a Python function that reverses a string.",
+    );
+}
