@@ -9,6 +9,7 @@ pub mod diff;
 pub mod import_gguf;
 pub mod info;
 pub mod masks;
+pub mod prompt;
 pub mod sign;
 pub mod skill;
 pub mod skills;
