@@ -60,6 +60,8 @@ enum Command {
     Compact(cli::compact::Args),
     /// Import a GGUF file (llama, qwen2, qwen3, gemma3) as a CMF file.
     ImportGguf(cli::import_gguf::Args),
+    /// Render a conversation with the file's chat template (optionally with token ids).
+    Prompt(cli::prompt::Args),
     /// Convert a Hugging Face checkpoint directory into a CMF file.
     Convert(cli::convert::Args),
     /// Skills: list, export to a standalone skill file, apply one, add one (append-only).
@@ -94,6 +96,7 @@ impl Command {
             Command::Sign(a) => a.json,
             Command::Compact(a) => a.json,
             Command::ImportGguf(a) => a.json,
+            Command::Prompt(a) => a.json,
             Command::Convert(a) => a.json,
             Command::Skill(c) => c.json(),
             Command::Demo(a) => a.json,
@@ -114,6 +117,7 @@ impl Command {
             Command::Sign(a) => cli::sign::run(a),
             Command::Compact(a) => cli::compact::run(a),
             Command::ImportGguf(a) => cli::import_gguf::run(a),
+            Command::Prompt(a) => cli::prompt::run(a),
             Command::Convert(a) => cli::convert::run(a),
             Command::Skill(c) => cli::skill::run(c),
             Command::Demo(a) => cli::demo::run(a),

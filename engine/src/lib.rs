@@ -1,3 +1,4 @@
+pub mod chat;
 pub mod format;
 pub mod import;
 pub mod model;

@@ -12,6 +12,7 @@ pub mod import_gguf;
 pub mod info;
 pub mod logits;
 pub mod masks;
+pub mod prompt;
 pub mod sign;
 pub mod skill;
 pub mod skills;
