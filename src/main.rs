@@ -73,6 +73,10 @@ enum Command {
     Logits(cli::logits::Args),
     /// Prefill and decode speed, time to first token, peak RSS.
     Bench(cli::bench::Args),
+    /// Chat with the model, or answer one prompt (`--prompt`, `--ids`).
+    Run(cli::run::Args),
+    /// Perplexity: teacher-forced negative log-likelihood per token of a text.
+    Ppl(cli::ppl::Args),
 }
 
 /// Arguments of `cortiq tui`; the workbench task will move this into `src/app`.
@@ -102,6 +106,8 @@ impl Command {
             Command::Demo(a) => a.json,
             Command::Logits(a) => a.json,
             Command::Bench(a) => a.json,
+            Command::Run(a) => a.json,
+            Command::Ppl(a) => a.json,
         }
     }
 
@@ -123,6 +129,8 @@ impl Command {
             Command::Demo(a) => cli::demo::run(a),
             Command::Logits(a) => cli::logits::run(a),
             Command::Bench(a) => cli::bench::run(a),
+            Command::Run(a) => cli::run::run(a),
+            Command::Ppl(a) => cli::ppl::run(a),
         }
     }
 }

@@ -1,0 +1,230 @@
+//! End-to-end tests of the inference commands (`logits`, `run`, `ppl`, `bench`) on the
+//! reference-written fixtures: results agree with the fixtures' references and with each
+//! other, and bad input gets a clear error and the documented exit code.
+
+#[macro_use]
+mod common;
+use common::{code, json};
+
+use std::path::PathBuf;
+
+use safetensors::SafeTensors;
+use serde_json::Value;
+
+fn model() -> PathBuf {
+    common::shared("fixtures/cmf/qwen3-q8.cmf")
+}
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn f32s(st: &SafeTensors, name: &str) -> Vec<f32> {
+    st.tensor(name)
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn reference_ids() -> (Vec<u32>, Vec<f32>) {
+    let bytes = std::fs::read(common::shared("fixtures/cmf/qwen3-q8.reference.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor("input_ids").unwrap();
+    let ids = match t.dtype() {
+        safetensors::Dtype::I64 => t
+            .data()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+            .collect(),
+        _ => t
+            .data()
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as u32)
+            .collect(),
+    };
+    (ids, f32s(&st, "logits"))
+}
+
+fn csv(ids: &[u32]) -> String {
+    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn ids_of(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("an id array")
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn logits_match_the_reference_and_hidden_states_have_their_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("l.safetensors");
+    let (ids, want) = reference_ids();
+    let o = run!("logits", model(), "--ids", csv(&ids), "--out", out, "--hidden", "--json");
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(json(&o)["tokens"], ids.len());
+    let bytes = std::fs::read(&out).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let got = f32s(&st, "logits");
+    assert_eq!(st.tensor("logits").unwrap().shape(), [ids.len(), 512]);
+    let max_ref = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst <= 1e-3 * (1.0 + max_ref), "max |Δ| {worst}");
+    // [L+1, T, H] for 4 layers of 64.
+    assert_eq!(st.tensor("hidden_states").unwrap().shape(), [5, ids.len(), 64]);
+    // The output is never the input.
+    let o = run!("logits", model(), "--ids", "1,2", "--out", model());
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+}
+
+#[test]
+fn ppl_is_the_mean_nll_of_the_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ids, _) = reference_ids();
+    let o = run!("ppl", model(), "--ids", csv(&ids), "--json");
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let j = json(&o);
+    let nll: Vec<f64> = j["nll"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    assert_eq!(nll.len(), ids.len() - 1);
+    let mean = nll.iter().sum::<f64>() / nll.len() as f64;
+    assert!((j["ppl"].as_f64().unwrap() - mean.exp()).abs() < 1e-9);
+    // nll[i] = -log softmax(logits[i])[ids[i+1]], from the logits command's output.
+    let out = dir.path().join("l.safetensors");
+    let o = run!("logits", model(), "--ids", csv(&ids), "--out", out);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let bytes = std::fs::read(&out).unwrap();
+    let logits = f32s(&SafeTensors::deserialize(&bytes).unwrap(), "logits");
+    for i in [0, 7, ids.len() - 2] {
+        let row = &logits[i * 512..(i + 1) * 512];
+        let max = row.iter().fold(f32::MIN, |m, &v| m.max(v)) as f64;
+        let lse = max + row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+        let want = lse - row[ids[i + 1] as usize] as f64;
+        assert!((nll[i] - want).abs() < 1e-4, "position {i}: {} vs {want}", nll[i]);
+    }
+    // Windows: a context of 8 scores 32 tokens in 4 windows, each first token unscored.
+    let o = run!("ppl", model(), "--ids", csv(&ids), "--ctx", "8", "--json");
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let j = json(&o);
+    assert_eq!(j["windows"], 4);
+    assert_eq!(j["nll"].as_array().unwrap().len(), ids.len() - 4);
+    // A text file goes through the file's tokenizer.
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "The quick brown fox jumps over the lazy dog.").unwrap();
+    let o = run!("ppl", model(), "--text-file", text, "--json");
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(json(&o)["ppl"].as_f64().unwrap() > 1.0);
+}
+
+#[test]
+fn run_generates_deterministically_and_reports_stats() {
+    let (ids, _) = reference_ids();
+    let greedy = |extra: &[&str]| {
+        let mut args = vec!["run".to_string(), model().display().to_string()];
+        args.extend(["--ids", &csv(&ids[..8]), "--max-tokens", "6", "--json"].map(String::from));
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let o = assert_cmd::cargo::cargo_bin_cmd!("cortiq").args(&args).output().unwrap();
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        json(&o)
+    };
+    let a = greedy(&["--greedy"]);
+    let b = greedy(&["--greedy", "--seed", "9"]);
+    assert_eq!(a["ids"], b["ids"], "greedy does not depend on the seed");
+    let n = ids_of(&a["ids"]).len();
+    assert!(n >= 1 && n <= 6);
+    let stats = &a["stats"];
+    assert_eq!(stats["prompt_tokens"], 8);
+    assert_eq!(stats["generated_tokens"], n);
+    assert!(stats["decode_tok_s"].as_f64().is_some());
+    // Sampling: the same seed repeats itself.
+    let s1 = greedy(&["--seed", "1", "--temperature", "1.5", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--ignore-eos"]);
+    let s2 = greedy(&["--seed", "1", "--temperature", "1.5", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--ignore-eos"]);
+    assert_eq!(s1["ids"], s2["ids"]);
+    assert_eq!(ids_of(&s1["ids"]).len(), 6);
+    assert_eq!(s1["stats"]["stop"], "max_tokens");
+    // A prompt through the template and tokenizer: text is the decoded answer.
+    let o = run!("run", model(), "--prompt", "Hello", "--greedy", "--max-tokens", "5", "--json");
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let j = json(&o);
+    assert!(j["text"].is_string());
+    assert!(j["stats"]["prompt_tokens"].as_u64().unwrap() > 5, "the template adds the system turn");
+}
+
+#[test]
+fn chat_reads_turns_from_stdin_and_keeps_history() {
+    let o = assert_cmd::cargo::cargo_bin_cmd!("cortiq")
+        .args(["run"])
+        .arg(model())
+        .args(["--greedy", "--max-tokens", "3", "--stats"])
+        .write_stdin("Hello\nAnd again\n/exit\n")
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let err = stderr(&o);
+    let turns: Vec<&str> = err.lines().filter(|l| l.starts_with('[')).collect();
+    assert_eq!(turns.len(), 2, "{err}");
+    // The second turn reuses the first turn's cache.
+    assert!(turns[0].contains("(0 reused)"), "{err}");
+    assert!(!turns[1].contains("(0 reused)"), "{err}");
+}
+
+#[test]
+fn bench_reports_the_design_keys() {
+    let o = run!("bench", model(), "--prompt-tokens", "16", "--tokens", "4", "--repeat", "1", "--threads", "1", "--json");
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let j = json(&o);
+    for k in ["prefill_tok_s", "decode_tok_s", "ttft_s", "peak_rss_bytes"] {
+        assert!(j[k].as_f64().is_some_and(|v| v > 0.0), "{k}: {j}");
+    }
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_and_exit_code() {
+    // Unparseable ids, an id outside the vocabulary: usage errors.
+    let o = run!("run", model(), "--ids", "1,x", "--json");
+    assert_eq!(code(&o), 2);
+    assert_eq!(json(&o)["error"]["kind"], "Usage");
+    let o = run!("logits", model(), "--ids", "1,99999", "--out", "/tmp/never-written.safetensors");
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("outside the vocabulary"), "{}", stderr(&o));
+    // A model the engine cannot run yet (experts) says which layer and why.
+    let o = run!("run", common::shared("fixtures/cmf/qwen3_moe-q8.cmf"), "--ids", "1", "--json");
+    assert_eq!(code(&o), 1);
+    assert!(json(&o)["error"]["message"].as_str().unwrap().contains("mixture-of-experts"));
+    // A flipped weight byte is caught before it can change an answer.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.cmf");
+    let mut bytes = std::fs::read(model()).unwrap();
+    let info = json(&run!("info", model(), "--json"));
+    let data = info["sections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "data")
+        .unwrap();
+    let at = (data["offset"].as_u64().unwrap() + data["length"].as_u64().unwrap() / 2) as usize;
+    bytes[at] ^= 0x40;
+    std::fs::write(&bad, &bytes).unwrap();
+    let o = run!("run", bad, "--ids", "1,2", "--greedy", "--max-tokens", "1", "--json");
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert_eq!(json(&o)["error"]["kind"], "Integrity");
+    assert!(stderr(&o).contains("tensor model."), "{}", stderr(&o));
+    let o = run!("run", bad, "--ids", "1,2", "--greedy", "--max-tokens", "1", "--json", "--no-verify");
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    // A Gemma 3 file without its sliding window is run with a warning, not silently.
+    let o = run!("run", common::shared("fixtures/cmf/gemma3-q8.cmf"), "--ids", "1,2", "--max-tokens", "1", "--greedy");
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stderr(&o).contains("sliding_window"), "{}", stderr(&o));
+    // Wrong flags.
+    let o = run!("run", model(), "--ids", "1", "--top-p", "0");
+    assert_eq!(code(&o), 2);
+    let o = run!("bench", model(), "--tokens", "0");
+    assert_eq!(code(&o), 2);
+}
