@@ -3,16 +3,38 @@
 //! straight from the mmapped bytes; nothing here makes a dequantized copy of a tensor.
 //!
 //! - [`matvec`]: `y = W·x` (decode, one token), rows split over the rayon pool;
-//! - [`matmul`]: `Y = X·Wᵀ` for `t` activation rows (prefill), each weight row read once
-//!   for all `t` activations;
+//! - [`matmul`]: `Y = X·Wᵀ` for `t` activation rows (prefill), each weight row decoded once
+//!   per 8 activations and dotted against them while in registers;
 //! - [`Matrix::row`]: one row decoded (embedding lookup).
 //!
 //! `W` is `[rows = out, cols = in]` as everywhere in CMF.
+//!
+//! How: the fused kernels of the family modules (`f32`, `f16`, `bf16`, `q8_row`, `q8_2f`,
+//! `q4_block`, `q4_tiled`, `q4tp`; see [`super::kernel`]) decode 32 weights at a time in
+//! registers. The other layouts (`vbit`, `vbit_ro`, `q1`, `q1s`, `q1t`, and `q4_block` /
+//! `q4_tiled` when `cols % 32 != 0`) decode a row into a per-thread scratch buffer (grown
+//! once, never per call) and run the `f32` kernel over it; `vbit` row starts and the `q1s`
+//! overlay rows are indexed once by [`Matrix::new`], so every row costs O(row).
+//!
+//! Numerics: the exact path computes `Σ w·x` in f32 with the weights exactly as
+//! [`super::decode`] yields them (a per-row `q8` scale is applied after the sum); only the
+//! summation order differs from a naive dot. For one [`Kernel`], `matmul` gives bit for bit
+//! the values of `t` separate `matvec`s.
+
+use std::cell::RefCell;
+use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::{decode_row, geometry, validate, QuantError};
+use super::f16s::{DecodedRows, F32Rows, HalfRows};
+use super::kernel::{run, Rows};
+use super::q1::{self, Q1sRowIndex};
+use super::q4::{Q4Rows, Q4tpRows, GROUP};
+use super::q8::Q8Rows;
+use super::{decode_row, geometry, validate, vbit, Geom, QuantError};
 use crate::format::dtype::DType;
+
+pub use super::kernel::Kernel;
 
 /// Owned description of a weight matrix, checked against its bytes once. It holds no
 /// bytes itself: the caller passes the same bytes to every product.
@@ -24,88 +46,301 @@ pub struct Matrix {
     pub cols: usize,
     /// Byte length the matrix was validated with (guards against mixing up tensors).
     nbytes: usize,
+    geom: Geom,
+    kernel: Kernel,
+    index: RowIndex,
+}
+
+/// Per-row data of the layouts whose rows cannot be located in O(1) from the bytes.
+#[derive(Clone, Debug)]
+enum RowIndex {
+    None,
+    /// `vbit` / `vbit_ro`: start of each packed row (relative to the packed area), + end.
+    Vbit(Vec<usize>),
+    /// `q1s`: overlay entries by row.
+    Q1s(Q1sRowIndex),
 }
 
 impl Matrix {
     /// Validates `bytes` as a payload of `dtype` / `shape` (every offset of variable-length
-    /// layouts included), so that the products below cannot fail.
+    /// layouts included), so that the products below cannot fail, and indexes the rows of
+    /// `vbit` and the overlay of `q1s` (O(rows + overlay), once). Picks the fastest
+    /// [`Kernel`] of this CPU.
     pub fn new(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<Matrix, QuantError> {
         validate(dtype, shape, bytes)?;
         let g = geometry(dtype, shape)?;
+        let bad = |reason: String| QuantError::Inconsistent {
+            dtype,
+            shape: shape.to_vec(),
+            nbytes: bytes.len(),
+            reason,
+        };
+        let index = match dtype {
+            DType::Vbit | DType::VbitRo => RowIndex::Vbit(vbit::row_starts(g, bytes).map_err(bad)?),
+            DType::Q1s => RowIndex::Q1s(Q1sRowIndex::new(g, bytes).map_err(bad)?),
+            _ => RowIndex::None,
+        };
         Ok(Matrix {
             dtype,
             shape: shape.to_vec(),
             rows: g.rows,
             cols: g.cols,
             nbytes: bytes.len(),
+            geom: g,
+            kernel: Kernel::detect(),
+            index,
         })
     }
 
-    /// Decodes row `r` into `out` (`cols` values).
-    pub fn row(&self, bytes: &[u8], r: usize, out: &mut [f32]) {
-        debug_assert_eq!(bytes.len(), self.nbytes);
-        decode_row(self.dtype, &self.shape, bytes, r, out)
-            .expect("a validated matrix decodes every row");
+    /// The instruction set the products use.
+    pub fn kernel(&self) -> Kernel {
+        self.kernel
     }
-}
 
-/// Rows per rayon task: enough work per task to amortise scheduling.
-fn rows_per_task(m: &Matrix, t: usize) -> usize {
-    let work_per_row = m.cols.max(1) * t.max(1);
-    (16384 / work_per_row).clamp(1, 256)
-}
+    /// Forces kernel `k` (tests, benchmarks); refuses one this CPU cannot run.
+    pub fn set_kernel(&mut self, k: Kernel) -> Result<(), QuantError> {
+        if !k.is_available() {
+            return Err(QuantError::InvalidArgument {
+                dtype: self.dtype,
+                reason: format!("kernel {k:?} is not supported by this CPU"),
+            });
+        }
+        self.kernel = k;
+        Ok(())
+    }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        for k in 0..8 {
-            acc[k] += a[c * 8 + k] * b[c * 8 + k];
+    /// Whether the products decode in registers (a fused kernel) rather than through a
+    /// decoded scratch row.
+    pub fn is_fused(&self) -> bool {
+        match self.dtype {
+            DType::F32 | DType::F16 | DType::Bf16 | DType::Q8Row | DType::Q8_2f | DType::Q4tp => {
+                true
+            }
+            DType::Q4Block | DType::Q4Tiled => self.cols.is_multiple_of(GROUP),
+            _ => false,
         }
     }
-    let mut s: f32 = acc.iter().sum();
-    for i in chunks * 8..a.len() {
-        s += a[i] * b[i];
+
+    /// Decodes row `r` into `out` (`cols` values) in O(row).
+    pub fn row(&self, bytes: &[u8], r: usize, out: &mut [f32]) {
+        assert_eq!(bytes.len(), self.nbytes, "bytes of another tensor");
+        assert!(r < self.rows, "row {r} out of range ({} rows)", self.rows);
+        assert_eq!(out.len(), self.cols, "output must hold one row");
+        let g = self.geom;
+        match &self.index {
+            RowIndex::Vbit(starts) => {
+                vbit::decode_row_from(self.dtype, g, bytes, r, starts[r], out)
+            }
+            RowIndex::Q1s(index) => q1::decode_q1s_row_indexed(g, bytes, index, r, out),
+            RowIndex::None => {
+                decode_row(self.dtype, &self.shape, bytes, r, out).map_err(|e| e.to_string())
+            }
+        }
+        .expect("a validated matrix decodes every row");
     }
-    s
 }
+
+/// Receives the kernel-ready form of a block of `R` weight rows.
+trait WithRows<const R: usize> {
+    fn with<D: Rows>(&mut self, k: Kernel, d: &D);
+}
+
+thread_local! {
+    /// Decoded rows of the dtypes without a fused kernel; grows to the largest block seen
+    /// by this thread and is then reused, so products do not allocate.
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Hands rows `r0 .. r0 + R` of `m` to `v`, in place for the fused dtypes, else decoded
+/// into this thread's scratch.
+fn block<const R: usize, V: WithRows<R>>(m: &Matrix, bytes: &[u8], r0: usize, v: &mut V) {
+    let (g, k) = (m.geom, m.kernel);
+    match m.dtype {
+        DType::F32 => v.with(k, &F32Rows::<R>::new(bytes, g.cols, r0)),
+        DType::F16 => v.with(k, &HalfRows::<R, false>::new(bytes, g.cols, r0)),
+        DType::Bf16 => v.with(k, &HalfRows::<R, true>::new(bytes, g.cols, r0)),
+        DType::Q8Row => v.with(k, &Q8Rows::<R, false>::new(g, bytes, r0)),
+        DType::Q8_2f => v.with(k, &Q8Rows::<R, true>::new(g, bytes, r0)),
+        DType::Q4Block if m.is_fused() => v.with(k, &Q4Rows::<R, false>::new(g, bytes, r0)),
+        DType::Q4Tiled if m.is_fused() => v.with(k, &Q4Rows::<R, true>::new(g, bytes, r0)),
+        DType::Q4tp => v.with(k, &Q4tpRows::<R>::new(g, bytes, r0)),
+        _ => SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            let n = R * g.cols;
+            if s.len() < n {
+                s.resize(n, 0.0);
+            }
+            for (i, row) in s[..n].chunks_exact_mut(g.cols.max(1)).enumerate() {
+                m.row(bytes, r0 + i, row);
+            }
+            let d = DecodedRows::<R> {
+                rows: std::array::from_fn(|i| &s[i * g.cols..(i + 1) * g.cols]),
+                cols: g.cols,
+            };
+            v.with(k, &d)
+        }),
+    }
+}
+
+/// Weight rows per block in `matvec`: four independent accumulators hide the FMA latency.
+const MV_ROWS: usize = 4;
+/// Activations per block in `matmul`: a weight row is decoded once per 8 tokens.
+const MM_TOKENS: usize = 8;
 
 /// `y[r] = Σ_c W[r, c]·x[c]`; `x.len() == cols`, `y.len() == rows`.
 pub fn matvec(m: &Matrix, bytes: &[u8], x: &[f32], y: &mut [f32]) {
-    matmul(m, bytes, x, 1, y)
+    assert_eq!(x.len(), m.cols, "activations must be [cols]");
+    assert_eq!(y.len(), m.rows, "output must be [rows]");
+    assert_eq!(bytes.len(), m.nbytes, "bytes of another tensor");
+    if m.rows == 0 {
+        return;
+    }
+    // Enough work per chunk to amortise a task (~32k weights), in whole blocks.
+    let chunk = 32768usize
+        .div_ceil(m.cols.max(1))
+        .next_multiple_of(MV_ROWS)
+        .min(m.rows.next_multiple_of(MV_ROWS));
+    y.par_chunks_mut(chunk)
+        .enumerate()
+        .for_each(|(c, ys)| matvec_rows(m, bytes, x, c * chunk, ys));
+}
+
+/// Rows `r0 .. r0 + ys.len()` of a matvec.
+fn matvec_rows(m: &Matrix, bytes: &[u8], x: &[f32], r0: usize, ys: &mut [f32]) {
+    struct Mv<'a> {
+        x: &'a [f32],
+        out: &'a mut [f32],
+    }
+    impl<const R: usize> WithRows<R> for Mv<'_> {
+        fn with<D: Rows>(&mut self, k: Kernel, d: &D) {
+            let mut o = [[0f32; 1]; R];
+            run::<D, R, 1>(k, d, &[self.x], &mut o);
+            for (y, o) in self.out.iter_mut().zip(&o) {
+                *y = o[0];
+            }
+        }
+    }
+    let mut at = 0;
+    while at < ys.len() {
+        let out = &mut ys[at..];
+        if out.len() >= MV_ROWS {
+            let out = &mut out[..MV_ROWS];
+            block::<MV_ROWS, _>(m, bytes, r0 + at, &mut Mv { x, out });
+            at += MV_ROWS;
+        } else {
+            block::<1, _>(m, bytes, r0 + at, &mut Mv { x, out });
+            at += 1;
+        }
+    }
+}
+
+/// `y` of a `matmul`, shared by its tasks: each task owns a disjoint set of weight rows
+/// and writes only their entries `y[i, r]`, so no entry is written twice or read.
+#[derive(Clone, Copy)]
+struct Out {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: `Out` is only used inside `matmul`, which holds the `&mut` of the buffer for
+// the whole parallel section; tasks write disjoint entries (see `Out::write`).
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// # Safety
+    /// No other thread accesses entry `i` during the write.
+    #[inline]
+    unsafe fn write(self, i: usize, v: f32) {
+        assert!(i < self.len);
+        *self.ptr.add(i) = v;
+    }
 }
 
 /// `y[i, r] = Σ_c W[r, c]·x[i, c]` for `i < t`; `x` is `[t, cols]`, `y` is `[t, rows]`.
+///
+/// Tasks own blocks of weight rows; within a task, activations are taken in blocks that
+/// fit in L2 (so the task's weight rows, re-read per block, and the block stay cached),
+/// and each weight row is decoded once per 8 activations.
 pub fn matmul(m: &Matrix, bytes: &[u8], x: &[f32], t: usize, y: &mut [f32]) {
     assert_eq!(x.len(), t * m.cols, "activations must be [t, cols]");
     assert_eq!(y.len(), t * m.rows, "output must be [t, rows]");
-    debug_assert_eq!(bytes.len(), m.nbytes);
-    let chunk = rows_per_task(m, t);
-    // Output columns (rows of W) are split over tasks; each task writes a strided set of
-    // y entries, so collect per task and scatter afterwards.
-    let n_tasks = m.rows.div_ceil(chunk);
-    let parts: Vec<(usize, Vec<f32>)> = (0..n_tasks)
+    assert_eq!(bytes.len(), m.nbytes, "bytes of another tensor");
+    if t == 1 {
+        return matvec(m, bytes, x, y);
+    }
+    if t == 0 || m.rows == 0 {
+        return;
+    }
+    let row_bytes = (m.nbytes / m.rows).max(1);
+    let by_cache = (256 << 10) / row_bytes;
+    let by_balance = m.rows.div_ceil(4 * rayon::current_num_threads());
+    let chunk = by_cache.min(by_balance).max(1);
+    let tok_block = ((256 << 10) / (4 * m.cols.max(1))).next_multiple_of(MM_TOKENS);
+    let out = Out {
+        ptr: y.as_mut_ptr(),
+        len: y.len(),
+    };
+    (0..m.rows.div_ceil(chunk))
         .into_par_iter()
-        .map(|task| {
-            let r0 = task * chunk;
-            let r1 = (r0 + chunk).min(m.rows);
-            let mut row = vec![0f32; m.cols];
-            let mut out = vec![0f32; (r1 - r0) * t];
-            for r in r0..r1 {
-                m.row(bytes, r, &mut row);
-                for i in 0..t {
-                    out[(r - r0) * t + i] = dot(&row, &x[i * m.cols..(i + 1) * m.cols]);
+        .for_each(move |c| {
+            let rows = c * chunk..((c + 1) * chunk).min(m.rows);
+            for j0 in (0..t).step_by(tok_block) {
+                let toks = j0..(j0 + tok_block).min(t);
+                for r in rows.clone() {
+                    let mut v = Mm {
+                        x,
+                        cols: m.cols,
+                        toks: toks.clone(),
+                        put: |j: usize, v: f32| {
+                            // SAFETY: `j < t` and `r` is a row of this task only, so
+                            // `j·rows + r < y.len()` is written by this task alone.
+                            unsafe { out.write(j * m.rows + r, v) }
+                        },
+                    };
+                    block::<1, _>(m, bytes, r, &mut v);
                 }
             }
-            (r0, out)
-        })
-        .collect();
-    for (r0, out) in parts {
-        let n = out.len() / t.max(1);
-        for k in 0..n {
-            for i in 0..t {
-                y[i * m.rows + r0 + k] = out[k * t + i];
-            }
+        });
+}
+
+/// One weight row against the activations `toks` of `x`, 8, 4, 2, 1 at a time.
+struct Mm<'a, P: FnMut(usize, f32)> {
+    x: &'a [f32],
+    cols: usize,
+    toks: Range<usize>,
+    put: P,
+}
+
+impl<P: FnMut(usize, f32)> Mm<'_, P> {
+    fn tile<D: Rows, const T: usize>(&mut self, k: Kernel, d: &D, j: usize) {
+        let xs: [&[f32]; T] =
+            std::array::from_fn(|q| &self.x[(j + q) * self.cols..(j + q + 1) * self.cols]);
+        let mut o = [[0f32; T]; 1];
+        run::<D, 1, T>(k, d, &xs, &mut o);
+        for (q, v) in o[0].iter().enumerate() {
+            (self.put)(j + q, *v);
+        }
+    }
+}
+
+impl<P: FnMut(usize, f32)> WithRows<1> for Mm<'_, P> {
+    fn with<D: Rows>(&mut self, k: Kernel, d: &D) {
+        let mut j = self.toks.start;
+        while self.toks.end - j >= MM_TOKENS {
+            self.tile::<D, MM_TOKENS>(k, d, j);
+            j += MM_TOKENS;
+        }
+        if self.toks.end - j >= 4 {
+            self.tile::<D, 4>(k, d, j);
+            j += 4;
+        }
+        if self.toks.end - j >= 2 {
+            self.tile::<D, 2>(k, d, j);
+            j += 2;
+        }
+        if self.toks.end > j {
+            self.tile::<D, 1>(k, d, j);
         }
     }
 }
