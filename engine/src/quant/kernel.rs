@@ -242,7 +242,11 @@ unsafe fn hsum256(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// AVX-512: as [`fused_avx2`] with two 16-lane vectors per step.
+/// AVX-512: per step, the `R` rows are decoded first (two 16-lane vectors each), then each
+/// activation is loaded once and meets the `R` rows: `2R` decoded vectors, `R·T`
+/// accumulators and two activation vectors fit the 32 registers for `R, T ≤ 4`, and
+/// activations are loaded once per `R` rows (register blocking, as in a GEMM
+/// micro-kernel) rather than once per FMA.
 ///
 /// # Safety
 /// The CPU supports [`Kernel::Avx512`]; every `xs[j].len() == d.cols()`.
@@ -256,27 +260,39 @@ pub(crate) unsafe fn fused_avx512<D: RowsAvx512, const R: usize, const T: usize>
     let n = d.cols();
     let full = n / STEP;
     let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let mut w = [[_mm512_setzero_ps(); 2]; R];
     for blk in 0..full {
         let k = blk * STEP;
-        for (i, acc_i) in acc.iter_mut().enumerate() {
-            let [w0, w1] = d.load_avx512(i, blk);
-            for (a, x) in acc_i.iter_mut().zip(xs) {
-                let p = x.as_ptr().add(k);
-                let s = _mm512_fmadd_ps(w0, _mm512_loadu_ps(p), *a);
-                *a = _mm512_fmadd_ps(w1, _mm512_loadu_ps(p.add(16)), s);
+        for (i, w) in w.iter_mut().enumerate() {
+            *w = d.load_avx512(i, blk);
+        }
+        for (j, x) in xs.iter().enumerate() {
+            let p = x.as_ptr().add(k);
+            let (x0, x1) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+            for (acc_i, w) in acc.iter_mut().zip(&w) {
+                let s = _mm512_fmadd_ps(w[0], x0, acc_i[j]);
+                acc_i[j] = _mm512_fmadd_ps(w[1], x1, s);
             }
         }
     }
     if full * STEP < n {
         let xb = tails(xs, full * STEP);
         let mut wb = [0f32; STEP];
-        for (i, acc_i) in acc.iter_mut().enumerate() {
+        for (i, w) in w.iter_mut().enumerate() {
             d.decode32(i, full, &mut wb);
-            let w0 = _mm512_loadu_ps(wb.as_ptr());
-            let w1 = _mm512_loadu_ps(wb.as_ptr().add(16));
-            for (a, x) in acc_i.iter_mut().zip(&xb) {
-                let s = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x.as_ptr()), *a);
-                *a = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x.as_ptr().add(16)), s);
+            *w = [
+                _mm512_loadu_ps(wb.as_ptr()),
+                _mm512_loadu_ps(wb.as_ptr().add(16)),
+            ];
+        }
+        for (j, x) in xb.iter().enumerate() {
+            let (x0, x1) = (
+                _mm512_loadu_ps(x.as_ptr()),
+                _mm512_loadu_ps(x.as_ptr().add(16)),
+            );
+            for (acc_i, w) in acc.iter_mut().zip(&w) {
+                let s = _mm512_fmadd_ps(w[0], x0, acc_i[j]);
+                acc_i[j] = _mm512_fmadd_ps(w[1], x1, s);
             }
         }
     }

@@ -3,8 +3,9 @@
 //! straight from the mmapped bytes; nothing here makes a dequantized copy of a tensor.
 //!
 //! - [`matvec`]: `y = W·x` (decode, one token), rows split over the rayon pool;
-//! - [`matmul`]: `Y = X·Wᵀ` for `t` activation rows (prefill), each weight row decoded once
-//!   per 8 activations and dotted against them while in registers;
+//! - [`matmul`]: `Y = X·Wᵀ` for `t` activation rows (prefill), in register blocks of 4
+//!   weight rows × 4 activations: each weight row is decoded once per 4 activations, each
+//!   activation loaded once per 4 rows;
 //! - [`Matrix::row`]: one row decoded (embedding lookup).
 //!
 //! `W` is `[rows = out, cols = in]` as everywhere in CMF.
@@ -182,10 +183,11 @@ fn block<const R: usize, V: WithRows<R>>(m: &Matrix, bytes: &[u8], r0: usize, v:
     }
 }
 
-/// Weight rows per block in `matvec`: four independent accumulators hide the FMA latency.
-const MV_ROWS: usize = 4;
-/// Activations per block in `matmul`: a weight row is decoded once per 8 tokens.
-const MM_TOKENS: usize = 8;
+/// Weight rows per block: four independent accumulators per activation hide the FMA
+/// latency, and an activation vector, once loaded, serves four rows.
+const BLOCK_ROWS: usize = 4;
+/// Activations per block in `matmul`: a weight row is decoded once per 4 tokens.
+const BLOCK_TOKENS: usize = 4;
 
 /// `y[r] = Σ_c W[r, c]·x[c]`; `x.len() == cols`, `y.len() == rows`.
 pub fn matvec(m: &Matrix, bytes: &[u8], x: &[f32], y: &mut [f32]) {
@@ -198,8 +200,8 @@ pub fn matvec(m: &Matrix, bytes: &[u8], x: &[f32], y: &mut [f32]) {
     // Enough work per chunk to amortise a task (~32k weights), in whole blocks.
     let chunk = 32768usize
         .div_ceil(m.cols.max(1))
-        .next_multiple_of(MV_ROWS)
-        .min(m.rows.next_multiple_of(MV_ROWS));
+        .next_multiple_of(BLOCK_ROWS)
+        .min(m.rows.next_multiple_of(BLOCK_ROWS));
     y.par_chunks_mut(chunk)
         .enumerate()
         .for_each(|(c, ys)| matvec_rows(m, bytes, x, c * chunk, ys));
@@ -223,10 +225,10 @@ fn matvec_rows(m: &Matrix, bytes: &[u8], x: &[f32], r0: usize, ys: &mut [f32]) {
     let mut at = 0;
     while at < ys.len() {
         let out = &mut ys[at..];
-        if out.len() >= MV_ROWS {
-            let out = &mut out[..MV_ROWS];
-            block::<MV_ROWS, _>(m, bytes, r0 + at, &mut Mv { x, out });
-            at += MV_ROWS;
+        if out.len() >= BLOCK_ROWS {
+            let out = &mut out[..BLOCK_ROWS];
+            block::<BLOCK_ROWS, _>(m, bytes, r0 + at, &mut Mv { x, out });
+            at += BLOCK_ROWS;
         } else {
             block::<1, _>(m, bytes, r0 + at, &mut Mv { x, out });
             at += 1;
@@ -261,7 +263,7 @@ impl Out {
 ///
 /// Tasks own blocks of weight rows; within a task, activations are taken in blocks that
 /// fit in L2 (so the task's weight rows, re-read per block, and the block stay cached),
-/// and each weight row is decoded once per 8 activations.
+/// and the products run in register blocks of 4 rows × 4 activations.
 pub fn matmul(m: &Matrix, bytes: &[u8], x: &[f32], t: usize, y: &mut [f32]) {
     assert_eq!(x.len(), t * m.cols, "activations must be [t, cols]");
     assert_eq!(y.len(), t * m.rows, "output must be [t, rows]");
@@ -275,8 +277,8 @@ pub fn matmul(m: &Matrix, bytes: &[u8], x: &[f32], t: usize, y: &mut [f32]) {
     let row_bytes = (m.nbytes / m.rows).max(1);
     let by_cache = (256 << 10) / row_bytes;
     let by_balance = m.rows.div_ceil(4 * rayon::current_num_threads());
-    let chunk = by_cache.min(by_balance).max(1);
-    let tok_block = ((256 << 10) / (4 * m.cols.max(1))).next_multiple_of(MM_TOKENS);
+    let chunk = by_cache.min(by_balance).next_multiple_of(BLOCK_ROWS);
+    let tok_block = ((256 << 10) / (4 * m.cols.max(1))).next_multiple_of(BLOCK_TOKENS);
     let out = Out {
         ptr: y.as_mut_ptr(),
         len: y.len(),
@@ -287,60 +289,66 @@ pub fn matmul(m: &Matrix, bytes: &[u8], x: &[f32], t: usize, y: &mut [f32]) {
             let rows = c * chunk..((c + 1) * chunk).min(m.rows);
             for j0 in (0..t).step_by(tok_block) {
                 let toks = j0..(j0 + tok_block).min(t);
-                for r in rows.clone() {
+                let mut r = rows.start;
+                while r < rows.end {
                     let mut v = Mm {
                         x,
                         cols: m.cols,
                         toks: toks.clone(),
-                        put: |j: usize, v: f32| {
-                            // SAFETY: `j < t` and `r` is a row of this task only, so
-                            // `j·rows + r < y.len()` is written by this task alone.
-                            unsafe { out.write(j * m.rows + r, v) }
+                        put: |i: usize, j: usize, v: f32| {
+                            // SAFETY: `j < t` and row `r + i` belongs to this task only, so
+                            // entry `j·rows + r + i < y.len()` is written by this task alone.
+                            unsafe { out.write(j * m.rows + r + i, v) }
                         },
                     };
-                    block::<1, _>(m, bytes, r, &mut v);
+                    if rows.end - r >= BLOCK_ROWS {
+                        block::<BLOCK_ROWS, _>(m, bytes, r, &mut v);
+                        r += BLOCK_ROWS;
+                    } else {
+                        block::<1, _>(m, bytes, r, &mut v);
+                        r += 1;
+                    }
                 }
             }
         });
 }
 
-/// One weight row against the activations `toks` of `x`, 8, 4, 2, 1 at a time.
-struct Mm<'a, P: FnMut(usize, f32)> {
+/// A block of weight rows against the activations `toks` of `x`, 4, 2, 1 at a time;
+/// `put(i, j, v)` stores the value of block row `i` and token `j`.
+struct Mm<'a, P: FnMut(usize, usize, f32)> {
     x: &'a [f32],
     cols: usize,
     toks: Range<usize>,
     put: P,
 }
 
-impl<P: FnMut(usize, f32)> Mm<'_, P> {
-    fn tile<D: Rows, const T: usize>(&mut self, k: Kernel, d: &D, j: usize) {
+impl<P: FnMut(usize, usize, f32)> Mm<'_, P> {
+    fn tile<D: Rows, const R: usize, const T: usize>(&mut self, k: Kernel, d: &D, j: usize) {
         let xs: [&[f32]; T] =
             std::array::from_fn(|q| &self.x[(j + q) * self.cols..(j + q + 1) * self.cols]);
-        let mut o = [[0f32; T]; 1];
-        run::<D, 1, T>(k, d, &xs, &mut o);
-        for (q, v) in o[0].iter().enumerate() {
-            (self.put)(j + q, *v);
+        let mut o = [[0f32; T]; R];
+        run::<D, R, T>(k, d, &xs, &mut o);
+        for (i, o) in o.iter().enumerate() {
+            for (q, v) in o.iter().enumerate() {
+                (self.put)(i, j + q, *v);
+            }
         }
     }
 }
 
-impl<P: FnMut(usize, f32)> WithRows<1> for Mm<'_, P> {
+impl<const R: usize, P: FnMut(usize, usize, f32)> WithRows<R> for Mm<'_, P> {
     fn with<D: Rows>(&mut self, k: Kernel, d: &D) {
         let mut j = self.toks.start;
-        while self.toks.end - j >= MM_TOKENS {
-            self.tile::<D, MM_TOKENS>(k, d, j);
-            j += MM_TOKENS;
-        }
-        if self.toks.end - j >= 4 {
-            self.tile::<D, 4>(k, d, j);
-            j += 4;
+        while self.toks.end - j >= BLOCK_TOKENS {
+            self.tile::<D, R, BLOCK_TOKENS>(k, d, j);
+            j += BLOCK_TOKENS;
         }
         if self.toks.end - j >= 2 {
-            self.tile::<D, 2>(k, d, j);
+            self.tile::<D, R, 2>(k, d, j);
             j += 2;
         }
         if self.toks.end > j {
-            self.tile::<D, 1>(k, d, j);
+            self.tile::<D, R, 1>(k, d, j);
         }
     }
 }

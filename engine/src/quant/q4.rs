@@ -516,19 +516,34 @@ pub(crate) struct Q4tpRows<'a, const R: usize> {
 }
 
 impl<'a, const R: usize> Q4tpRows<'a, R> {
-    /// Rows `r0 .. r0 + R` of a validated payload.
+    /// Rows `r0 .. r0 + R` of a validated payload. The `R` ladders are built side by side
+    /// (`R` independent multiplication chains instead of one chain of `31·R`), each with
+    /// exactly the operations of [`ladder`].
     pub fn new(g: Geom, bytes: &'a [u8], r0: usize) -> Self {
         let l = Q4tpLayout::new(g);
-        let row = |i: usize| {
-            q4tp_row_params(bytes, l, r0 + i).expect("a validated q4tp payload has every row")
+        let param = |i: usize, k: usize| {
+            f16::from_bits(super::kernel::le16(bytes, l.params + 4 * (r0 + i) + 2 * k)).to_f32()
         };
+        let mult: [f32; R] = std::array::from_fn(|i| param(i, 1).exp2());
+        let mut ladder = [[0f32; LADDER]; R];
+        for (i, t) in ladder.iter_mut().enumerate() {
+            t[0] = param(i, 0).exp2();
+        }
+        for c in 1..LADDER {
+            for (t, m) in ladder.iter_mut().zip(&mult) {
+                t[c] = t[c - 1] * m;
+            }
+        }
         Q4tpRows {
             nib: std::array::from_fn(|i| {
                 let at = (r0 + i) * l.gpr * NIBBLE_BYTES;
                 &bytes[at..at + l.gpr * NIBBLE_BYTES]
             }),
-            codes: std::array::from_fn(|i| row(i).1),
-            ladder: std::array::from_fn(|i| row(i).0),
+            codes: std::array::from_fn(|i| {
+                let at = l.codes + (r0 + i) * l.code_bytes;
+                &bytes[at..at + l.code_bytes]
+            }),
+            ladder,
             cols: g.cols,
         }
     }
@@ -596,13 +611,25 @@ mod simd {
         _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), s)
     }
 
+    /// AVX-512: a table lookup instead of convert-and-scale. The 16 possible weights of a
+    /// group, `(k − 8)·s`, fit one register; `vpermps` picks them by index and reads only
+    /// the low 4 bits of each index lane, so interleaving the bytes with themselves shifted
+    /// right by 4 (`b0, b0>>4, b1, b1>>4, …`, garbage above bit 3) and zero-extending to
+    /// 32 bits yields the indices of elements 0..16 and 16..32 without masking.
     #[inline(always)]
     unsafe fn group_avx512(nib: &[u8], s: f32) -> [__m512; 2] {
-        let (a, b) = centred(nib);
-        let s = _mm512_set1_ps(s);
+        let b = _mm_loadu_si128(nib[..16].as_ptr() as *const __m128i);
+        let h = _mm_srli_epi16::<4>(b);
+        let table = _mm512_mul_ps(
+            _mm512_setr_ps(
+                -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0,
+                7.0,
+            ),
+            _mm512_set1_ps(s),
+        );
         [
-            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(a)), s),
-            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s),
+            _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b, h)), table),
+            _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(b, h)), table),
         ]
     }
 
