@@ -1,11 +1,13 @@
 //! Weight-streaming speed of the products of `quant::matrix`, per hot dtype: `matvec` of a
 //! 2048×2048 matrix (decode of one token) on 1 and 2 threads, and `matmul` of 64 tokens
-//! (prefill) on 2 threads. Throughput is in bytes of stored weights per second, the
-//! figure that bounds decode speed (a matvec reads every weight byte once).
+//! (prefill) on 2 threads; for the dtypes with an integer kernel, the same with
+//! `Precision::Fast` (quantized activations). Throughput is in bytes of stored weights per
+//! second, the figure that bounds decode speed (a matvec reads every weight byte once).
+//! The matrix stays in the last-level cache between iterations (a warm-cache figure).
 //!
 //! `CORTIQ_BENCH_SHAPE=4864x896` benchmarks another shape (e.g. Qwen2.5-0.5B's MLP).
 use cortiq_engine::format::dtype::DType;
-use cortiq_engine::quant::matrix::{matmul, matvec, Matrix};
+use cortiq_engine::quant::matrix::{matmul, matmul_with, matvec, matvec_with, Matrix, Precision};
 use cortiq_engine::quant::{encode, EncodeOptions};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
@@ -17,6 +19,15 @@ const HOT: [DType; 8] = [
     DType::F32,
     DType::F16,
     DType::Bf16,
+    DType::Q8_2f,
+    DType::Q4tp,
+];
+
+/// Dtypes with an integer kernel for `Precision::Fast`.
+const FAST: [DType; 5] = [
+    DType::Q8Row,
+    DType::Q4Block,
+    DType::Q4Tiled,
     DType::Q8_2f,
     DType::Q4tp,
 ];
@@ -78,6 +89,25 @@ fn benches(c: &mut Criterion) {
             BenchmarkId::new(format!("matmul t={t}"), format!("{n}T")),
             |b| pool.install(|| b.iter(|| matmul(&m, black_box(&bytes), &x, t, &mut y))),
         );
+        if FAST.contains(&dtype) {
+            for (n, pool) in &pools {
+                g.bench_function(BenchmarkId::new("matvec fast", format!("{n}T")), |b| {
+                    pool.install(|| {
+                        b.iter(|| {
+                            let (x, y) = (&x[..cols], &mut y[..rows]);
+                            matvec_with(&m, black_box(&bytes), x, y, Precision::Fast)
+                        })
+                    })
+                });
+            }
+            let (n, pool) = &pools[1];
+            let id = BenchmarkId::new(format!("matmul fast t={t}"), format!("{n}T"));
+            g.bench_function(id, |b| {
+                pool.install(|| {
+                    b.iter(|| matmul_with(&m, black_box(&bytes), &x, t, &mut y, Precision::Fast))
+                })
+            });
+        }
         g.finish();
     }
 }

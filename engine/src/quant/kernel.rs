@@ -325,3 +325,324 @@ pub(crate) fn le16(b: &[u8], at: usize) -> u16 {
 pub(crate) fn h2f_scalar(bits: u16) -> f32 {
     half::f16::from_bits(bits).to_f32()
 }
+
+// ---- quantized activations (the `Fast` path) ---------------------------------------------
+//
+// Activations are quantized per group of 32 to int8 with an f32 scale, `x ≈ xq·d`,
+// `d = absmax/127`, codes rounded to nearest: each activation moves by at most `d/2`.
+// A weight group then needs one integer dot product (exact in i32) and one f32
+// multiply-add: `y = post · Σ_g (dot_g · scale_g) · d_g`.
+
+/// Element order of the quantized activations within a group, matched to the weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ActOrder {
+    /// Elements 0..32 (`q8` codes are stored in this order).
+    Natural,
+    /// Even elements, then odd ones: the order of "low nibbles, then high nibbles" of a
+    /// `q4` group, so the weights need no re-interleaving.
+    NibblePairs,
+}
+
+/// Activations `[t, cols]` quantized for the integer kernels; reused across calls.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct QuantizedActs {
+    /// Groups per token (`ceil(cols / 32)`); the last group is zero padded.
+    groups: usize,
+    /// `[t, groups·32]` codes in `-127..=127`.
+    q: Vec<i8>,
+    /// `[t, groups]` scales.
+    d: Vec<f32>,
+}
+
+/// One token of [`QuantizedActs`].
+#[derive(Clone, Copy)]
+pub(crate) struct QToken<'a> {
+    pub q: &'a [i8],
+    pub d: &'a [f32],
+}
+
+impl QuantizedActs {
+    /// Quantizes `x` (`[t, cols]`), multiplied elementwise by the f16 column field `col`
+    /// first when given (`q8_2f`: `Σ q·col·x = Σ q·(col·x)`).
+    pub fn fill(&mut self, x: &[f32], t: usize, cols: usize, col: Option<&[u8]>, order: ActOrder) {
+        let groups = cols.div_ceil(STEP);
+        self.groups = groups;
+        self.q.clear();
+        self.q.resize(t * groups * STEP, 0);
+        self.d.clear();
+        self.d.resize(t * groups, 0.0);
+        let mut buf = [0f32; STEP];
+        for j in 0..t {
+            let xr = &x[j * cols..(j + 1) * cols];
+            for g in 0..groups {
+                let k = g * STEP;
+                let n = STEP.min(cols - k);
+                buf.fill(0.0);
+                buf[..n].copy_from_slice(&xr[k..k + n]);
+                if let Some(col) = col {
+                    for (e, v) in buf[..n].iter_mut().enumerate() {
+                        *v *= h2f_scalar(le16(col, 2 * (k + e)));
+                    }
+                }
+                let amax = buf.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let at = j * groups + g;
+                let q = &mut self.q[at * STEP..(at + 1) * STEP];
+                if amax > 0.0 {
+                    self.d[at] = amax / 127.0;
+                    let inv = 127.0 / amax;
+                    for (e, v) in buf.iter().enumerate() {
+                        // Round to nearest even by the 1.5·2²³ trick (|v·inv| ≤ 127), which
+                        // vectorises where `round_ties_even` would be a libm call.
+                        let r = (v * inv + 12_582_912.0) - 12_582_912.0;
+                        let p = match order {
+                            ActOrder::Natural => e,
+                            ActOrder::NibblePairs => e / 2 + (e % 2) * 16,
+                        };
+                        q[p] = r.clamp(-127.0, 127.0) as i8;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Token `j`.
+    pub fn token(&self, j: usize) -> QToken<'_> {
+        let g = self.groups;
+        QToken {
+            q: &self.q[j * g * STEP..(j + 1) * g * STEP],
+            d: &self.d[j * g..(j + 1) * g],
+        }
+    }
+}
+
+/// `R` weight rows as the integer kernels see them.
+pub(crate) trait IntRowsScalar {
+    /// `q4` layouts: a scale per group (`q8`: per row, in [`IntRowsScalar::int_post`]).
+    const GROUP_SCALES: bool;
+    fn cols(&self) -> usize;
+    /// Signed codes of group `blk` of row `i` in the activation order (`q8`: `q`, zero
+    /// padded past `cols`; `q4`: `nibble − 8`, low nibbles then high ones).
+    fn codes32(&self, i: usize, blk: usize, out: &mut [i8; STEP]);
+    /// Scale of group `blk` of row `i` (`q4`); 1 for `q8`, whose scale is per row.
+    fn group_scale(&self, i: usize, blk: usize) -> f32;
+    /// Factor of row `i`'s finished sum (`q8`: the row scale).
+    fn int_post(&self, i: usize) -> f32;
+}
+
+/// SIMD loads of a whole group for the integer kernels.
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait IntRowsSimd: IntRowsScalar {
+    /// The 32 signed codes of [`IntRowsScalar::codes32`] (`q4`: `nibble − 8`, low
+    /// nibbles first).
+    ///
+    /// # Safety
+    /// The CPU supports AVX2; `blk < cols / 32`, `i < R`.
+    unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i;
+
+    /// [`IntRowsScalar::group_scale`], free to use F16C.
+    ///
+    /// # Safety
+    /// As [`IntRowsSimd::load_u8`].
+    #[inline(always)]
+    unsafe fn group_scale_simd(&self, i: usize, blk: usize) -> f32 {
+        self.group_scale(i, blk)
+    }
+}
+
+/// Everything an integer row block must implement on this target.
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait IntRows: IntRowsSimd {}
+#[cfg(target_arch = "x86_64")]
+impl<D: IntRowsSimd> IntRows for D {}
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) trait IntRows: IntRowsScalar {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<D: IntRowsScalar> IntRows for D {}
+
+/// Whether the CPU has AVX-512 VNNI (`vpdpbusd` on 256-bit registers).
+#[cfg(target_arch = "x86_64")]
+fn has_vnni() -> bool {
+    is_x86_feature_detected!("avx512vnni")
+}
+
+/// `out[i][j] = row_i · token_j` with quantized activations.
+#[inline]
+pub(crate) fn run_int<D: IntRows, const R: usize, const T: usize>(
+    k: Kernel,
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+) {
+    let groups = d.cols().div_ceil(STEP);
+    for x in xs {
+        assert!(x.q.len() == groups * STEP && x.d.len() == groups);
+    }
+    match k {
+        // SAFETY: the kernel is available (see `run`), VNNI was just detected, and the
+        // activation lengths were checked above.
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 if has_vnni() => unsafe { int_avx::<D, R, T, true>(d, xs, out) },
+        // SAFETY: AVX-512 implies AVX2 here (`Kernel::Avx512.is_available()` checks it).
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 | Kernel::Avx2 => unsafe { int_avx::<D, R, T, false>(d, xs, out) },
+        _ => int_scalar::<D, R, T>(d, xs, out),
+    }
+}
+
+/// The scalar reference of the integer kernels.
+pub(crate) fn int_scalar<D: IntRowsScalar, const R: usize, const T: usize>(
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+) {
+    let mut acc = [[0f32; T]; R];
+    let mut c = [0i8; STEP];
+    for blk in 0..d.cols().div_ceil(STEP) {
+        for (i, acc_i) in acc.iter_mut().enumerate() {
+            d.codes32(i, blk, &mut c);
+            let s = d.group_scale(i, blk);
+            for (a, x) in acc_i.iter_mut().zip(xs) {
+                let q = &x.q[blk * STEP..(blk + 1) * STEP];
+                let dot: i32 = c.iter().zip(q).map(|(&w, &v)| w as i32 * v as i32).sum();
+                *a += dot as f32 * s * x.d[blk];
+            }
+        }
+    }
+    for (i, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
+        let p = d.int_post(i);
+        for (o, a) in o.iter_mut().zip(a) {
+            *o = a * p;
+        }
+    }
+}
+
+/// AVX2 / AVX-512 VNNI integer kernel, 8 lanes, one group per step. The rows of a step
+/// are loaded first, then each token's codes meet the `R` rows.
+///
+/// The instructions multiply unsigned by signed bytes, so `Σ c·xq = Σ |c|·sign(xq, c)`
+/// puts the weight codes `c` (`q8`: `q`; `q4`: `nibble − 8`) in the unsigned operand:
+/// `|−128|` fits a u8, and `−xq` cannot overflow as `|xq| ≤ 127`. (Using unsigned nibbles
+/// and subtracting `8·Σxq` would save an op, but the lanes would then carry large
+/// cancelling values whose f32 rounding no longer scales with `Σ|w·x|`.) The products
+/// are `vpdpbusd` (VNNI) or `vpmaddubsw` + `vpmaddwd` (AVX2; a pair of u8·i8 products is
+/// at most 2·128·127 < 2¹⁵, so the i16 step never saturates). Lane sums stay below 2²⁴,
+/// so their conversion to f32 is exact.
+///
+/// # Safety
+/// The CPU supports AVX2 + FMA + F16C, and AVX-512 F/BW/VL/VNNI when `VNNI`; the token
+/// lengths match `d` (checked by [`run_int`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn int_avx_vnni_target<D: IntRowsSimd, const R: usize, const T: usize>(
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+) {
+    int_body::<D, R, T, true>(d, xs, out)
+}
+
+/// See [`int_avx_vnni_target`].
+///
+/// # Safety
+/// As [`int_avx_vnni_target`] without VNNI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn int_avx2_target<D: IntRowsSimd, const R: usize, const T: usize>(
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+) {
+    int_body::<D, R, T, false>(d, xs, out)
+}
+
+/// Dispatch to the two target-feature instantiations.
+///
+/// # Safety
+/// See [`int_avx_vnni_target`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn int_avx<D: IntRowsSimd, const R: usize, const T: usize, const VNNI: bool>(
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+) {
+    if VNNI {
+        int_avx_vnni_target::<D, R, T>(d, xs, out)
+    } else {
+        int_avx2_target::<D, R, T>(d, xs, out)
+    }
+}
+
+/// The body of the integer kernels; inlined into a target-feature function.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn int_body<D: IntRowsSimd, const R: usize, const T: usize, const VNNI: bool>(
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+) {
+    let n = d.cols();
+    let full = n / STEP;
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut raw = [_mm256_setzero_si256(); R];
+    for blk in 0..full {
+        for (i, r) in raw.iter_mut().enumerate() {
+            *r = d.load_u8(i, blk);
+        }
+        int_step::<D, R, T, VNNI>(d, xs, blk, &raw, &mut acc);
+    }
+    if full * STEP < n {
+        // A partial last group (`q8` only: `q4` rows are whole groups), outside the loop
+        // so that its call does not force the accumulators out of registers.
+        for (i, r) in raw.iter_mut().enumerate() {
+            let mut c = [0i8; STEP];
+            d.codes32(i, full, &mut c);
+            *r = _mm256_loadu_si256(c.as_ptr() as *const __m256i);
+        }
+        int_step::<D, R, T, VNNI>(d, xs, full, &raw, &mut acc);
+    }
+    for (i, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
+        let p = d.int_post(i);
+        for (o, a) in o.iter_mut().zip(a) {
+            *o = hsum256(*a) * p;
+        }
+    }
+}
+
+/// One group of the integer kernels: codes `raw` of the `R` rows against the `T` tokens.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn int_step<D: IntRowsSimd, const R: usize, const T: usize, const VNNI: bool>(
+    d: &D,
+    xs: &[QToken; T],
+    blk: usize,
+    raw: &[__m256i; R],
+    acc: &mut [[__m256; T]; R],
+) {
+    let mut u = [_mm256_setzero_si256(); R];
+    let mut ws = [_mm256_set1_ps(1.0); R];
+    for i in 0..R {
+        u[i] = _mm256_abs_epi8(raw[i]);
+        if D::GROUP_SCALES {
+            ws[i] = _mm256_set1_ps(d.group_scale_simd(i, blk));
+        }
+    }
+    for (j, x) in xs.iter().enumerate() {
+        // In bounds: `run_int` checked `q.len() = groups·32`, `d.len() = groups`.
+        let xq = _mm256_loadu_si256(x.q.as_ptr().add(blk * STEP) as *const __m256i);
+        let dj = _mm256_set1_ps(*x.d.get_unchecked(blk));
+        for i in 0..R {
+            let v = _mm256_sign_epi8(xq, raw[i]);
+            let dot = if VNNI {
+                _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[i], v)
+            } else {
+                _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], v), _mm256_set1_epi16(1))
+            };
+            let mut f = _mm256_cvtepi32_ps(dot);
+            if D::GROUP_SCALES {
+                f = _mm256_mul_ps(f, ws[i]);
+            }
+            acc[i][j] = _mm256_fmadd_ps(f, dj, acc[i][j]);
+        }
+    }
+}

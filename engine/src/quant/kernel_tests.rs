@@ -12,9 +12,13 @@
 //! `(n + 4)·2⁻²⁴·Σ|w·x|` (+ a subnormal floor). It is rigorous, so a pass is never luck,
 //! and it is tight enough to fail when a single term is lost or doubled (checked by
 //! `tolerance_catches_one_wrong_term`).
+//!
+//! The `Fast` path (activations quantized per group of 32, `d = absmax/127`, codes
+//! rounded to nearest) moves each activation by at most `d/2`, so its error against the
+//! exact product is at most `Σ|w|·d/2` on top of the f32 rounding: [`fast_bound`].
 
 use super::kernel::Kernel;
-use super::matrix::{matmul, matvec, Matrix};
+use super::matrix::{matmul, matmul_with, matvec, matvec_with, Matrix, Precision};
 use super::*;
 use crate::format::dtype::WRITABLE;
 
@@ -307,4 +311,199 @@ fn q1s_duplicate_overlay_entries_later_wins_in_products() {
     let mut y = vec![0.0; 2];
     matvec(&m, &b, &x, &mut y);
     assert_eq!(y, [16.0, 15.5 + 3.0]);
+}
+
+/// Dtypes with an integer (`Fast`) kernel.
+const FAST: [DType; 5] = [
+    DType::Q8Row,
+    DType::Q8_2f,
+    DType::Q4Block,
+    DType::Q4Tiled,
+    DType::Q4tp,
+];
+
+/// What the `Fast` path multiplies: weights `w'` and activations `v` with `Σ w'·v` the
+/// exact product. For `q8_2f`, `w' = q·scale` (read from the payload) and `v = col·x` in
+/// f32 (the column field is folded into the activations); otherwise the decoded weights
+/// and `x`.
+fn fast_operands(
+    dtype: DType,
+    g: Geom,
+    bytes: &[u8],
+    w: &[f32],
+    x: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    if dtype != DType::Q8_2f {
+        return (w.to_vec(), x.to_vec());
+    }
+    let l = q8::Q8Layout::new(g);
+    let col: Vec<f32> = (0..g.cols)
+        .map(|c| rd_f16(bytes, l.col_field + 2 * c).unwrap())
+        .collect();
+    let mut wq = Vec::with_capacity(g.numel);
+    for r in 0..g.rows {
+        let s = rd_f16(bytes, l.scales + 2 * r).unwrap();
+        wq.extend((0..g.cols).map(|c| bytes[r * g.cols + c] as i8 as f32 * s));
+    }
+    let t = x.len() / g.cols.max(1);
+    let v = (0..t * g.cols).map(|k| x[k] * col[k % g.cols]).collect();
+    (wq, v)
+}
+
+/// Per entry of `W'·V` (`v` is `[t, cols]`): the exact value, and the bound on the `Fast`
+/// error: `Σ_k |w'_k|·d_k/2` (quantization, `d` the group's `absmax/127`, with a little
+/// slack for the f32 `v·(127/absmax)`) plus the f32 [`tolerance`] of a sum of
+/// `Σ|w'|·(|v| + d/2)` (the magnitude of the terms the kernel adds).
+fn fast_bound(w: &[f32], rows: usize, cols: usize, v: &[f32], t: usize) -> Vec<(f64, f64)> {
+    let mut out = Vec::with_capacity(t * rows);
+    for j in 0..t {
+        let x = &v[j * cols..(j + 1) * cols];
+        let d: Vec<f64> = x
+            .chunks(32)
+            .map(|g| g.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0)
+            .collect();
+        for r in 0..rows {
+            let wr = &w[r * cols..(r + 1) * cols];
+            let (mut exact, mut quant, mut mag) = (0f64, 0f64, 0f64);
+            for c in 0..cols {
+                let (a, b, h) = (wr[c] as f64, x[c] as f64, d[c / 32] / 2.0);
+                exact += a * b;
+                quant += a.abs() * h * (1.0 + 1e-6);
+                mag += a.abs() * (b.abs() + h);
+            }
+            out.push((exact, quant + tolerance(cols, mag)));
+        }
+    }
+    out
+}
+
+fn fast_shapes(dtype: DType) -> Vec<Vec<u64>> {
+    let mut s = vec![
+        vec![1u64, 32],
+        vec![5, 64],
+        vec![9, 96],
+        vec![67, 2080],
+        vec![6, 4096],
+    ];
+    if !dtype.requires_cols_multiple_of_group() {
+        s.extend([vec![5, 7], vec![9, 33], vec![13, 100], vec![3, 2059]]);
+    }
+    s
+}
+
+#[test]
+fn fast_path_is_within_the_activation_quantization_bound() {
+    for dtype in FAST {
+        for (si, shape) in fast_shapes(dtype).iter().enumerate() {
+            let (bytes, w, g) = encoded(dtype, shape, 40 + si as u64);
+            let x = activations(g.cols, 70 + si as u64);
+            let (wq, v) = fast_operands(dtype, g, &bytes, &w, &x);
+            let want = fast_bound(&wq, g.rows, g.cols, &v, 1);
+            for k in Kernel::available() {
+                let mut m = Matrix::new(dtype, shape, &bytes).unwrap();
+                m.set_kernel(k).unwrap();
+                let mut y = vec![f32::NAN; g.rows];
+                matvec_with(&m, &bytes, &x, &mut y, Precision::Fast);
+                for (r, (&yv, &(e, b))) in y.iter().zip(&want).enumerate() {
+                    let err = (yv as f64 - e).abs();
+                    assert!(
+                        err <= b,
+                        "{dtype} {shape:?} {k:?} row {r}: {yv} vs {e} (err {err:e} > {b:e})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fast_path_bound_is_tight_enough_to_fail() {
+    // Activations rounded to 4 bits per group (`absmax/7`) instead of 8 must break the
+    // bound: the check has teeth. (The bound is a worst case, linear in `cols`, while
+    // random rounding errors grow like its square root, so this uses one group per row.)
+    let shape = [16u64, 32];
+    let (_, w, g) = encoded(DType::Q8Row, &shape, 1);
+    let x = activations(g.cols, 9);
+    let want = fast_bound(&w, g.rows, g.cols, &x, 1);
+    let d = x.iter().fold(0f32, |m, v| m.max(v.abs())) / 7.0;
+    let coarse: Vec<f32> = x.iter().map(|v| (v / d).round() * d).collect();
+    let got = reference(&w, g.rows, g.cols, &coarse, 1);
+    let broken = (0..g.rows)
+        .filter(|&r| (got[r].0 - want[r].0).abs() > want[r].1)
+        .count();
+    assert!(
+        broken > 0,
+        "4-bit activations should exceed the 8-bit bound"
+    );
+}
+
+#[test]
+fn fast_simd_agrees_with_fast_scalar_and_matmul_is_t_matvecs() {
+    for dtype in FAST {
+        for shape in [vec![13u64, 96], vec![6, 2080], vec![5, 33]] {
+            if dtype.requires_cols_multiple_of_group() && shape[1] % 32 != 0 {
+                continue;
+            }
+            let (bytes, w, g) = encoded(dtype, &shape, 23);
+            let mut scalar = Matrix::new(dtype, &shape, &bytes).unwrap();
+            scalar.set_kernel(Kernel::Scalar).unwrap();
+            for t in [1usize, 2, 3, 5, 8, 9] {
+                let x = activations(t * g.cols, 100 + t as u64);
+                let (wq, v) = fast_operands(dtype, g, &bytes, &w, &x);
+                let bound = fast_bound(&wq, g.rows, g.cols, &v, t);
+                let mut ys = vec![0.0; t * g.rows];
+                matmul_with(&scalar, &bytes, &x, t, &mut ys, Precision::Fast);
+                for k in Kernel::available() {
+                    let mut m = scalar.clone();
+                    m.set_kernel(k).unwrap();
+                    let mut y = vec![f32::NAN; t * g.rows];
+                    matmul_with(&m, &bytes, &x, t, &mut y, Precision::Fast);
+                    // Both compute the same exact integer group sums; they differ only in
+                    // the f32 order of the per-group terms (magnitude ≤ the bound's).
+                    let groups = g.cols.div_ceil(32);
+                    for (e, (&a, &b)) in y.iter().zip(&ys).enumerate() {
+                        let mag = bound[e].1 + bound[e].0.abs();
+                        let tol = 2.0 * tolerance(groups + 8, mag * 4.0);
+                        assert!(
+                            (a as f64 - b as f64).abs() <= tol,
+                            "{dtype} {shape:?} {k:?} t={t} entry {e}: {a} vs scalar {b}"
+                        );
+                    }
+                    for i in 0..t {
+                        let mut yi = vec![f32::NAN; g.rows];
+                        let xi = &x[i * g.cols..(i + 1) * g.cols];
+                        matvec_with(&m, &bytes, xi, &mut yi, Precision::Fast);
+                        let row = &y[i * g.rows..(i + 1) * g.rows];
+                        let same = row.iter().zip(&yi).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{dtype} {k:?} t={t} token {i}: {row:?} vs {yi:?}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fast_falls_back_to_exact_without_an_integer_kernel() {
+    for dtype in [
+        DType::F32,
+        DType::Bf16,
+        DType::Vbit,
+        DType::Q1t,
+        DType::Q4Block,
+    ] {
+        // q4_block with cols % 32 != 0 has no integer kernel either.
+        let shape = if dtype == DType::Q4Block {
+            vec![5u64, 40]
+        } else {
+            vec![5, 64]
+        };
+        let (bytes, _, g) = encoded(dtype, &shape, 2);
+        let m = Matrix::new(dtype, &shape, &bytes).unwrap();
+        let x = activations(3 * g.cols, 4);
+        let (mut a, mut b) = (vec![0.0; 3 * g.rows], vec![0.0; 3 * g.rows]);
+        matmul(&m, &bytes, &x, 3, &mut a);
+        matmul_with(&m, &bytes, &x, 3, &mut b, Precision::Fast);
+        assert_eq!(a, b, "{dtype}");
+    }
 }

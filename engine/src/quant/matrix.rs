@@ -28,10 +28,10 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::f16s::{DecodedRows, F32Rows, HalfRows};
-use super::kernel::{run, Rows};
+use super::kernel::{run, run_int, ActOrder, IntRows, QToken, QuantizedActs, Rows};
 use super::q1::{self, Q1sRowIndex};
 use super::q4::{Q4Rows, Q4tpRows, GROUP};
-use super::q8::Q8Rows;
+use super::q8::{Q8Layout, Q8Rows};
 use super::{decode_row, geometry, validate, vbit, Geom, QuantError};
 use crate::format::dtype::DType;
 
@@ -141,9 +141,92 @@ impl Matrix {
     }
 }
 
+/// How activations enter a product.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// f32 activations and the weights exactly as [`super::decode`] yields them: equal to
+    /// dequantize-then-f32-dot up to f32 rounding.
+    #[default]
+    Exact,
+    /// Activations quantized per group of 32 to int8 (`d = absmax/127`, so each moves by
+    /// at most `d/2`), integer dot products (AVX-512 VNNI, AVX2), one f32 multiply-add per
+    /// group. For `q8_row`, `q8_2f`, `q4_tiled`, `q4_block` (`cols % 32 == 0`) and `q4tp`;
+    /// other dtypes compute [`Precision::Exact`].
+    Fast,
+}
+
+/// Activations of a product, `[t, cols]`.
+#[derive(Clone, Copy)]
+enum Acts<'a> {
+    F32(&'a [f32]),
+    Int(&'a QuantizedActs),
+}
+
+impl<'a> Acts<'a> {
+    fn f32_token(self, j: usize, cols: usize) -> &'a [f32] {
+        match self {
+            Acts::F32(x) => &x[j * cols..(j + 1) * cols],
+            Acts::Int(_) => unreachable!("f32 kernel given quantized activations"),
+        }
+    }
+    fn int_token(self, j: usize) -> QToken<'a> {
+        match self {
+            Acts::Int(q) => q.token(j),
+            Acts::F32(_) => unreachable!("integer kernel given f32 activations"),
+        }
+    }
+    fn is_int(self) -> bool {
+        matches!(self, Acts::Int(_))
+    }
+}
+
 /// Receives the kernel-ready form of a block of `R` weight rows.
 trait WithRows<const R: usize> {
     fn with<D: Rows>(&mut self, k: Kernel, d: &D);
+    fn with_int<D: IntRows>(&mut self, k: Kernel, d: &D);
+}
+
+/// The activation order of `m`'s integer kernel, if it has one.
+fn int_order(m: &Matrix) -> Option<ActOrder> {
+    match m.dtype {
+        DType::Q8Row | DType::Q8_2f => Some(ActOrder::Natural),
+        DType::Q4Block | DType::Q4Tiled if m.is_fused() => Some(ActOrder::NibblePairs),
+        DType::Q4tp => Some(ActOrder::NibblePairs),
+        _ => None,
+    }
+}
+
+thread_local! {
+    /// Quantized activations of the calling thread's `Fast` products, reused.
+    static QACTS: RefCell<QuantizedActs> = RefCell::new(QuantizedActs::default());
+}
+
+/// Runs `f` on the activations `x` (`[t, cols]`) quantized for `m`. The buffers are the
+/// calling thread's, reused; a product started while they are in use (a rayon worker
+/// stealing another product's task) quantizes into a one-off buffer instead.
+fn with_quantized<Out>(
+    m: &Matrix,
+    bytes: &[u8],
+    x: &[f32],
+    t: usize,
+    order: ActOrder,
+    f: impl FnOnce(Acts) -> Out,
+) -> Out {
+    let col = (m.dtype == DType::Q8_2f).then(|| {
+        let l = Q8Layout::new(m.geom);
+        &bytes[l.col_field..l.col_field + 2 * m.cols]
+    });
+    QACTS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut qa) => {
+            qa.fill(x, t, m.cols, col, order);
+            f(Acts::Int(&qa))
+        }
+        Err(_) => {
+            let mut qa = QuantizedActs::default();
+            qa.fill(x, t, m.cols, col, order);
+            f(Acts::Int(&qa))
+        }
+    })
 }
 
 thread_local! {
@@ -152,10 +235,28 @@ thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Hands rows `r0 .. r0 + R` of `m` to `v`, in place for the fused dtypes, else decoded
-/// into this thread's scratch.
-fn block<const R: usize, V: WithRows<R>>(m: &Matrix, bytes: &[u8], r0: usize, v: &mut V) {
+/// Hands rows `r0 .. r0 + R` of `m` to `v`: to its integer kernel when `int` (the dtype
+/// has one, see [`int_order`]), else in place for the fused dtypes, else decoded into this
+/// thread's scratch.
+fn block<const R: usize, V: WithRows<R>>(
+    m: &Matrix,
+    bytes: &[u8],
+    r0: usize,
+    int: bool,
+    v: &mut V,
+) {
     let (g, k) = (m.geom, m.kernel);
+    if int {
+        // A `q8_2f` payload has the codes and row scales of a `q8_row` one where the
+        // integer kernel reads them (its column field is in the activations).
+        return match m.dtype {
+            DType::Q8Row | DType::Q8_2f => v.with_int(k, &Q8Rows::<R, false>::new(g, bytes, r0)),
+            DType::Q4Block => v.with_int(k, &Q4Rows::<R, false>::new(g, bytes, r0)),
+            DType::Q4Tiled => v.with_int(k, &Q4Rows::<R, true>::new(g, bytes, r0)),
+            DType::Q4tp => v.with_int(k, &Q4tpRows::<R>::new(g, bytes, r0)),
+            _ => unreachable!("no integer kernel for {}", m.dtype),
+        };
+    }
     match m.dtype {
         DType::F32 => v.with(k, &F32Rows::<R>::new(bytes, g.cols, r0)),
         DType::F16 => v.with(k, &HalfRows::<R, false>::new(bytes, g.cols, r0)),
@@ -191,12 +292,26 @@ const BLOCK_TOKENS: usize = 4;
 
 /// `y[r] = Σ_c W[r, c]·x[c]`; `x.len() == cols`, `y.len() == rows`.
 pub fn matvec(m: &Matrix, bytes: &[u8], x: &[f32], y: &mut [f32]) {
+    matvec_with(m, bytes, x, y, Precision::Exact)
+}
+
+/// [`matvec`] with the given [`Precision`].
+pub fn matvec_with(m: &Matrix, bytes: &[u8], x: &[f32], y: &mut [f32], p: Precision) {
     assert_eq!(x.len(), m.cols, "activations must be [cols]");
     assert_eq!(y.len(), m.rows, "output must be [rows]");
     assert_eq!(bytes.len(), m.nbytes, "bytes of another tensor");
     if m.rows == 0 {
         return;
     }
+    match int_order(m) {
+        Some(order) if p == Precision::Fast => {
+            with_quantized(m, bytes, x, 1, order, |acts| matvec_impl(m, bytes, acts, y))
+        }
+        _ => matvec_impl(m, bytes, Acts::F32(x), y),
+    }
+}
+
+fn matvec_impl(m: &Matrix, bytes: &[u8], acts: Acts, y: &mut [f32]) {
     // Enough work per chunk to amortise a task (~32k weights), in whole blocks.
     let chunk = 32768usize
         .div_ceil(m.cols.max(1))
@@ -204,33 +319,42 @@ pub fn matvec(m: &Matrix, bytes: &[u8], x: &[f32], y: &mut [f32]) {
         .min(m.rows.next_multiple_of(BLOCK_ROWS));
     y.par_chunks_mut(chunk)
         .enumerate()
-        .for_each(|(c, ys)| matvec_rows(m, bytes, x, c * chunk, ys));
+        .for_each(|(c, ys)| matvec_rows(m, bytes, acts, c * chunk, ys));
 }
 
 /// Rows `r0 .. r0 + ys.len()` of a matvec.
-fn matvec_rows(m: &Matrix, bytes: &[u8], x: &[f32], r0: usize, ys: &mut [f32]) {
+fn matvec_rows(m: &Matrix, bytes: &[u8], acts: Acts, r0: usize, ys: &mut [f32]) {
     struct Mv<'a> {
-        x: &'a [f32],
+        acts: Acts<'a>,
+        cols: usize,
         out: &'a mut [f32],
     }
     impl<const R: usize> WithRows<R> for Mv<'_> {
         fn with<D: Rows>(&mut self, k: Kernel, d: &D) {
             let mut o = [[0f32; 1]; R];
-            run::<D, R, 1>(k, d, &[self.x], &mut o);
+            run::<D, R, 1>(k, d, &[self.acts.f32_token(0, self.cols)], &mut o);
+            for (y, o) in self.out.iter_mut().zip(&o) {
+                *y = o[0];
+            }
+        }
+        fn with_int<D: IntRows>(&mut self, k: Kernel, d: &D) {
+            let mut o = [[0f32; 1]; R];
+            run_int::<D, R, 1>(k, d, &[self.acts.int_token(0)], &mut o);
             for (y, o) in self.out.iter_mut().zip(&o) {
                 *y = o[0];
             }
         }
     }
+    let (int, cols) = (acts.is_int(), m.cols);
     let mut at = 0;
     while at < ys.len() {
         let out = &mut ys[at..];
         if out.len() >= BLOCK_ROWS {
             let out = &mut out[..BLOCK_ROWS];
-            block::<BLOCK_ROWS, _>(m, bytes, r0 + at, &mut Mv { x, out });
+            block::<BLOCK_ROWS, _>(m, bytes, r0 + at, int, &mut Mv { acts, cols, out });
             at += BLOCK_ROWS;
         } else {
-            block::<1, _>(m, bytes, r0 + at, &mut Mv { x, out });
+            block::<1, _>(m, bytes, r0 + at, int, &mut Mv { acts, cols, out });
             at += 1;
         }
     }
@@ -265,15 +389,29 @@ impl Out {
 /// fit in L2 (so the task's weight rows, re-read per block, and the block stay cached),
 /// and the products run in register blocks of 4 rows × 4 activations.
 pub fn matmul(m: &Matrix, bytes: &[u8], x: &[f32], t: usize, y: &mut [f32]) {
+    matmul_with(m, bytes, x, t, y, Precision::Exact)
+}
+
+/// [`matmul`] with the given [`Precision`].
+pub fn matmul_with(m: &Matrix, bytes: &[u8], x: &[f32], t: usize, y: &mut [f32], p: Precision) {
     assert_eq!(x.len(), t * m.cols, "activations must be [t, cols]");
     assert_eq!(y.len(), t * m.rows, "output must be [t, rows]");
     assert_eq!(bytes.len(), m.nbytes, "bytes of another tensor");
     if t == 1 {
-        return matvec(m, bytes, x, y);
+        return matvec_with(m, bytes, x, y, p);
     }
     if t == 0 || m.rows == 0 {
         return;
     }
+    match int_order(m) {
+        Some(order) if p == Precision::Fast => with_quantized(m, bytes, x, t, order, |acts| {
+            matmul_impl(m, bytes, acts, t, y)
+        }),
+        _ => matmul_impl(m, bytes, Acts::F32(x), t, y),
+    }
+}
+
+fn matmul_impl(m: &Matrix, bytes: &[u8], acts: Acts, t: usize, y: &mut [f32]) {
     let row_bytes = (m.nbytes / m.rows).max(1);
     let by_cache = (256 << 10) / row_bytes;
     let by_balance = m.rows.div_ceil(4 * rayon::current_num_threads());
@@ -292,7 +430,7 @@ pub fn matmul(m: &Matrix, bytes: &[u8], x: &[f32], t: usize, y: &mut [f32]) {
                 let mut r = rows.start;
                 while r < rows.end {
                     let mut v = Mm {
-                        x,
+                        acts,
                         cols: m.cols,
                         toks: toks.clone(),
                         put: |i: usize, j: usize, v: f32| {
@@ -302,10 +440,10 @@ pub fn matmul(m: &Matrix, bytes: &[u8], x: &[f32], t: usize, y: &mut [f32]) {
                         },
                     };
                     if rows.end - r >= BLOCK_ROWS {
-                        block::<BLOCK_ROWS, _>(m, bytes, r, &mut v);
+                        block::<BLOCK_ROWS, _>(m, bytes, r, acts.is_int(), &mut v);
                         r += BLOCK_ROWS;
                     } else {
-                        block::<1, _>(m, bytes, r, &mut v);
+                        block::<1, _>(m, bytes, r, acts.is_int(), &mut v);
                         r += 1;
                     }
                 }
@@ -313,26 +451,36 @@ pub fn matmul(m: &Matrix, bytes: &[u8], x: &[f32], t: usize, y: &mut [f32]) {
         });
 }
 
-/// A block of weight rows against the activations `toks` of `x`, 4, 2, 1 at a time;
+/// A block of weight rows against the activations `toks`, 4, 2, 1 at a time;
 /// `put(i, j, v)` stores the value of block row `i` and token `j`.
 struct Mm<'a, P: FnMut(usize, usize, f32)> {
-    x: &'a [f32],
+    acts: Acts<'a>,
     cols: usize,
     toks: Range<usize>,
     put: P,
 }
 
 impl<P: FnMut(usize, usize, f32)> Mm<'_, P> {
-    fn tile<D: Rows, const R: usize, const T: usize>(&mut self, k: Kernel, d: &D, j: usize) {
-        let xs: [&[f32]; T] =
-            std::array::from_fn(|q| &self.x[(j + q) * self.cols..(j + q + 1) * self.cols]);
-        let mut o = [[0f32; T]; R];
-        run::<D, R, T>(k, d, &xs, &mut o);
+    fn store<const R: usize, const T: usize>(&mut self, j: usize, o: &[[f32; T]; R]) {
         for (i, o) in o.iter().enumerate() {
             for (q, v) in o.iter().enumerate() {
                 (self.put)(i, j + q, *v);
             }
         }
+    }
+
+    fn tile<D: Rows, const R: usize, const T: usize>(&mut self, k: Kernel, d: &D, j: usize) {
+        let xs: [&[f32]; T] = std::array::from_fn(|q| self.acts.f32_token(j + q, self.cols));
+        let mut o = [[0f32; T]; R];
+        run::<D, R, T>(k, d, &xs, &mut o);
+        self.store(j, &o);
+    }
+
+    fn tile_int<D: IntRows, const R: usize, const T: usize>(&mut self, k: Kernel, d: &D, j: usize) {
+        let xs: [QToken; T] = std::array::from_fn(|q| self.acts.int_token(j + q));
+        let mut o = [[0f32; T]; R];
+        run_int::<D, R, T>(k, d, &xs, &mut o);
+        self.store(j, &o);
     }
 }
 
@@ -349,6 +497,21 @@ impl<const R: usize, P: FnMut(usize, usize, f32)> WithRows<R> for Mm<'_, P> {
         }
         if self.toks.end > j {
             self.tile::<D, R, 1>(k, d, j);
+        }
+    }
+
+    fn with_int<D: IntRows>(&mut self, k: Kernel, d: &D) {
+        let mut j = self.toks.start;
+        while self.toks.end - j >= BLOCK_TOKENS {
+            self.tile_int::<D, R, BLOCK_TOKENS>(k, d, j);
+            j += BLOCK_TOKENS;
+        }
+        if self.toks.end - j >= 2 {
+            self.tile_int::<D, R, 2>(k, d, j);
+            j += 2;
+        }
+        if self.toks.end > j {
+            self.tile_int::<D, R, 1>(k, d, j);
         }
     }
 }

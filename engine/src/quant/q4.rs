@@ -19,7 +19,7 @@
 //! `clamp(round_ties_even(w/scale) + 8, 0, 15)` with the rounded scale; a zero group has
 //! scale 0 and nibbles 8; padding elements of the last group are nibble 8.
 
-use super::kernel::{RowsScalar, STEP};
+use super::kernel::{IntRowsScalar, RowsScalar, STEP};
 use super::{absmax, rd_f16, round_scale, step_error_bound, Geom, QuantError, BOUND_SLACK};
 use crate::format::dtype::DType;
 use half::f16;
@@ -573,11 +573,81 @@ impl<const R: usize> RowsScalar for Q4tpRows<'_, R> {
     }
 }
 
+/// Codes `nibble − 8` of a group, low nibbles (even elements) first, then high ones: the
+/// order of [`super::kernel::ActOrder::NibblePairs`].
+fn pair_codes(nib: &[u8], out: &mut [i8; STEP]) {
+    for (k, &b) in nib.iter().enumerate().take(NIBBLE_BYTES) {
+        out[k] = (b & 0xF) as i8 - 8;
+        out[NIBBLE_BYTES + k] = (b >> 4) as i8 - 8;
+    }
+}
+
+impl<const R: usize, const TILED: bool> IntRowsScalar for Q4Rows<'_, R, TILED> {
+    const GROUP_SCALES: bool = true;
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn codes32(&self, i: usize, blk: usize, out: &mut [i8; STEP]) {
+        pair_codes(self.group(i, blk).0, out);
+    }
+    fn group_scale(&self, i: usize, blk: usize) -> f32 {
+        super::kernel::h2f_scalar(self.group(i, blk).1)
+    }
+    fn int_post(&self, _i: usize) -> f32 {
+        1.0
+    }
+}
+
+impl<const R: usize> IntRowsScalar for Q4tpRows<'_, R> {
+    const GROUP_SCALES: bool = true;
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn codes32(&self, i: usize, blk: usize, out: &mut [i8; STEP]) {
+        pair_codes(self.group(i, blk).0, out);
+    }
+    fn group_scale(&self, i: usize, blk: usize) -> f32 {
+        self.group(i, blk).1
+    }
+    fn int_post(&self, _i: usize) -> f32 {
+        1.0
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::kernel::{h2f, RowsAvx2, RowsAvx512};
+    use super::super::kernel::{h2f, IntRowsSimd, RowsAvx2, RowsAvx512};
     use super::{Q4Rows, Q4tpRows};
     use std::arch::x86_64::*;
+
+    /// The 32 codes `nibble − 8` of a group as i8: low nibbles, then high nibbles.
+    #[inline(always)]
+    unsafe fn nibbles_u8(nib: &[u8]) -> __m256i {
+        let b = _mm_loadu_si128(nib[..16].as_ptr() as *const __m128i);
+        let both = _mm256_set_m128i(_mm_srli_epi16::<4>(b), b);
+        _mm256_sub_epi8(
+            _mm256_and_si256(both, _mm256_set1_epi8(0x0F)),
+            _mm256_set1_epi8(8),
+        )
+    }
+
+    impl<const R: usize, const TILED: bool> IntRowsSimd for Q4Rows<'_, R, TILED> {
+        #[inline(always)]
+        unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {
+            nibbles_u8(self.group(i, blk).0)
+        }
+        #[inline(always)]
+        unsafe fn group_scale_simd(&self, i: usize, blk: usize) -> f32 {
+            h2f(self.group(i, blk).1)
+        }
+    }
+
+    impl<const R: usize> IntRowsSimd for Q4tpRows<'_, R> {
+        #[inline(always)]
+        unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {
+            nibbles_u8(self.group(i, blk).0)
+        }
+    }
 
     /// The 32 codes `q − 8` of a group in element order, as i8: elements 0..16 and 16..32.
     #[inline(always)]

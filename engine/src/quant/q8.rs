@@ -9,7 +9,7 @@
 //! Encoder (both): codes are `round_ties_even(w / step)` clamped to `[−128, 127]`, with the
 //! step built from the *f16-rounded* stored factors. A row of zeros gets scale 0 and codes 0.
 
-use super::kernel::{RowsScalar, STEP};
+use super::kernel::{IntRowsScalar, RowsScalar, STEP};
 use super::{absmax, rd_f16, round_scale, step_error_bound, Geom, QuantError};
 use crate::format::dtype::DType;
 
@@ -341,11 +341,44 @@ impl<const R: usize, const COL: bool> RowsScalar for Q8Rows<'_, R, COL> {
     }
 }
 
+/// The integer (`Fast`) kernels read the codes only: for `q8_2f` the column field is
+/// folded into the activations before they are quantized (`Σ q·col·x = Σ q·(col·x)`), so
+/// a `q8_2f` payload is read through `Q8Rows<R, false>` there.
+impl<const R: usize, const COL: bool> IntRowsScalar for Q8Rows<'_, R, COL> {
+    const GROUP_SCALES: bool = false;
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn codes32(&self, i: usize, blk: usize, out: &mut [i8; STEP]) {
+        out.fill(0);
+        let k = (blk * STEP).min(self.cols);
+        let n = (self.cols - k).min(STEP);
+        for (o, &q) in out.iter_mut().zip(&self.codes[i][k..k + n]) {
+            *o = q as i8;
+        }
+    }
+    fn group_scale(&self, _i: usize, _blk: usize) -> f32 {
+        1.0
+    }
+    fn int_post(&self, i: usize) -> f32 {
+        self.scale[i]
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::kernel::{RowsAvx2, RowsAvx512, STEP};
+    use super::super::kernel::{IntRowsSimd, RowsAvx2, RowsAvx512, STEP};
     use super::Q8Rows;
     use std::arch::x86_64::*;
+
+    impl<const R: usize, const COL: bool> IntRowsSimd for Q8Rows<'_, R, COL> {
+        #[inline(always)]
+        unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {
+            _mm256_loadu_si256(
+                self.codes[i][blk * STEP..(blk + 1) * STEP].as_ptr() as *const __m256i
+            )
+        }
+    }
 
     /// Codes: sign-extend bytes to i32 and convert (`vpmovsxbd`, `vcvtdq2ps`); `q8_2f`
     /// multiplies by the converted column field.
