@@ -3,16 +3,39 @@
 //! straight from the mmapped bytes; nothing here makes a dequantized copy of a tensor.
 //!
 //! - [`matvec`]: `y = W·x` (decode, one token), rows split over the rayon pool;
-//! - [`matmul`]: `Y = X·Wᵀ` for `t` activation rows (prefill), each weight row read once
-//!   for all `t` activations;
+//! - [`matmul`]: `Y = X·Wᵀ` for `t` activation rows (prefill), in register blocks of 4
+//!   weight rows × 4 activations: each weight row is decoded once per 4 activations, each
+//!   activation loaded once per 4 rows;
 //! - [`Matrix::row`]: one row decoded (embedding lookup).
 //!
 //! `W` is `[rows = out, cols = in]` as everywhere in CMF.
+//!
+//! How: the fused kernels of the family modules (`f32`, `f16`, `bf16`, `q8_row`, `q8_2f`,
+//! `q4_block`, `q4_tiled`, `q4tp`; see [`super::kernel`]) decode 32 weights at a time in
+//! registers. The other layouts (`vbit`, `vbit_ro`, `q1`, `q1s`, `q1t`, and `q4_block` /
+//! `q4_tiled` when `cols % 32 != 0`) decode a row into a per-thread scratch buffer (grown
+//! once, never per call) and run the `f32` kernel over it; `vbit` row starts and the `q1s`
+//! overlay rows are indexed once by [`Matrix::new`], so every row costs O(row).
+//!
+//! Numerics: the exact path computes `Σ w·x` in f32 with the weights exactly as
+//! [`super::decode`] yields them (a per-row `q8` scale is applied after the sum); only the
+//! summation order differs from a naive dot. For one [`Kernel`], `matmul` gives bit for bit
+//! the values of `t` separate `matvec`s.
+
+use std::cell::RefCell;
+use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::{decode_row, geometry, validate, QuantError};
+use super::f16s::{DecodedRows, F32Rows, HalfRows};
+use super::kernel::{run, run_int, ActOrder, IntRows, QToken, QuantizedActs, Rows};
+use super::q1::{self, Q1sRowIndex};
+use super::q4::{Q4Rows, Q4tpRows, GROUP};
+use super::q8::{Q8Layout, Q8Rows};
+use super::{decode_row, geometry, validate, vbit, Geom, QuantError};
 use crate::format::dtype::DType;
+
+pub use super::kernel::Kernel;
 
 /// Owned description of a weight matrix, checked against its bytes once. It holds no
 /// bytes itself: the caller passes the same bytes to every product.
@@ -24,88 +47,471 @@ pub struct Matrix {
     pub cols: usize,
     /// Byte length the matrix was validated with (guards against mixing up tensors).
     nbytes: usize,
+    geom: Geom,
+    kernel: Kernel,
+    index: RowIndex,
+}
+
+/// Per-row data of the layouts whose rows cannot be located in O(1) from the bytes.
+#[derive(Clone, Debug)]
+enum RowIndex {
+    None,
+    /// `vbit` / `vbit_ro`: start of each packed row (relative to the packed area), + end.
+    Vbit(Vec<usize>),
+    /// `q1s`: overlay entries by row.
+    Q1s(Q1sRowIndex),
 }
 
 impl Matrix {
     /// Validates `bytes` as a payload of `dtype` / `shape` (every offset of variable-length
-    /// layouts included), so that the products below cannot fail.
+    /// layouts included), so that the products below cannot fail, and indexes the rows of
+    /// `vbit` and the overlay of `q1s` (O(rows + overlay), once). Picks the fastest
+    /// [`Kernel`] of this CPU.
     pub fn new(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<Matrix, QuantError> {
         validate(dtype, shape, bytes)?;
         let g = geometry(dtype, shape)?;
+        let bad = |reason: String| QuantError::Inconsistent {
+            dtype,
+            shape: shape.to_vec(),
+            nbytes: bytes.len(),
+            reason,
+        };
+        let index = match dtype {
+            DType::Vbit | DType::VbitRo => RowIndex::Vbit(vbit::row_starts(g, bytes).map_err(bad)?),
+            DType::Q1s => RowIndex::Q1s(Q1sRowIndex::new(g, bytes).map_err(bad)?),
+            _ => RowIndex::None,
+        };
         Ok(Matrix {
             dtype,
             shape: shape.to_vec(),
             rows: g.rows,
             cols: g.cols,
             nbytes: bytes.len(),
+            geom: g,
+            kernel: Kernel::detect(),
+            index,
         })
     }
 
-    /// Decodes row `r` into `out` (`cols` values).
-    pub fn row(&self, bytes: &[u8], r: usize, out: &mut [f32]) {
-        debug_assert_eq!(bytes.len(), self.nbytes);
-        decode_row(self.dtype, &self.shape, bytes, r, out)
-            .expect("a validated matrix decodes every row");
+    /// The instruction set the products use.
+    pub fn kernel(&self) -> Kernel {
+        self.kernel
     }
-}
 
-/// Rows per rayon task: enough work per task to amortise scheduling.
-fn rows_per_task(m: &Matrix, t: usize) -> usize {
-    let work_per_row = m.cols.max(1) * t.max(1);
-    (16384 / work_per_row).clamp(1, 256)
-}
+    /// Forces kernel `k` (tests, benchmarks); refuses one this CPU cannot run.
+    pub fn set_kernel(&mut self, k: Kernel) -> Result<(), QuantError> {
+        if !k.is_available() {
+            return Err(QuantError::InvalidArgument {
+                dtype: self.dtype,
+                reason: format!("kernel {k:?} is not supported by this CPU"),
+            });
+        }
+        self.kernel = k;
+        Ok(())
+    }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        for k in 0..8 {
-            acc[k] += a[c * 8 + k] * b[c * 8 + k];
+    /// Whether the products decode in registers (a fused kernel) rather than through a
+    /// decoded scratch row.
+    pub fn is_fused(&self) -> bool {
+        match self.dtype {
+            DType::F32 | DType::F16 | DType::Bf16 | DType::Q8Row | DType::Q8_2f | DType::Q4tp => {
+                true
+            }
+            DType::Q4Block | DType::Q4Tiled => self.cols.is_multiple_of(GROUP),
+            _ => false,
         }
     }
-    let mut s: f32 = acc.iter().sum();
-    for i in chunks * 8..a.len() {
-        s += a[i] * b[i];
+
+    /// Decodes row `r` into `out` (`cols` values) in O(row).
+    pub fn row(&self, bytes: &[u8], r: usize, out: &mut [f32]) {
+        assert_eq!(bytes.len(), self.nbytes, "bytes of another tensor");
+        assert!(r < self.rows, "row {r} out of range ({} rows)", self.rows);
+        assert_eq!(out.len(), self.cols, "output must hold one row");
+        let g = self.geom;
+        match &self.index {
+            RowIndex::Vbit(starts) => {
+                vbit::decode_row_from(self.dtype, g, bytes, r, starts[r], out)
+            }
+            RowIndex::Q1s(index) => q1::decode_q1s_row_indexed(g, bytes, index, r, out),
+            RowIndex::None => {
+                decode_row(self.dtype, &self.shape, bytes, r, out).map_err(|e| e.to_string())
+            }
+        }
+        .expect("a validated matrix decodes every row");
     }
-    s
 }
+
+/// How activations enter a product.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// f32 activations and the weights exactly as [`super::decode`] yields them: equal to
+    /// dequantize-then-f32-dot up to f32 rounding.
+    #[default]
+    Exact,
+    /// Activations quantized per group of 32 to int8 (`d = absmax/127`, so each moves by
+    /// at most `d/2`), integer dot products (AVX-512 VNNI, AVX2), one f32 multiply-add per
+    /// group. For `q8_row`, `q8_2f`, `q4_tiled`, `q4_block` (`cols % 32 == 0`) and `q4tp`;
+    /// other dtypes compute [`Precision::Exact`].
+    Fast,
+}
+
+/// Activations of a product, `[t, cols]`.
+#[derive(Clone, Copy)]
+enum Acts<'a> {
+    F32(&'a [f32]),
+    Int(&'a QuantizedActs),
+}
+
+impl<'a> Acts<'a> {
+    fn f32_token(self, j: usize, cols: usize) -> &'a [f32] {
+        match self {
+            Acts::F32(x) => &x[j * cols..(j + 1) * cols],
+            Acts::Int(_) => unreachable!("f32 kernel given quantized activations"),
+        }
+    }
+    fn int_token(self, j: usize) -> QToken<'a> {
+        match self {
+            Acts::Int(q) => q.token(j),
+            Acts::F32(_) => unreachable!("integer kernel given f32 activations"),
+        }
+    }
+    fn is_int(self) -> bool {
+        matches!(self, Acts::Int(_))
+    }
+}
+
+/// Receives the kernel-ready form of a block of `R` weight rows.
+trait WithRows<const R: usize> {
+    fn with<D: Rows>(&mut self, k: Kernel, d: &D);
+    fn with_int<D: IntRows>(&mut self, k: Kernel, d: &D);
+}
+
+/// The activation order of `m`'s integer kernel, if it has one.
+fn int_order(m: &Matrix) -> Option<ActOrder> {
+    match m.dtype {
+        DType::Q8Row | DType::Q8_2f => Some(ActOrder::Natural),
+        DType::Q4Block | DType::Q4Tiled if m.is_fused() => Some(ActOrder::NibblePairs),
+        DType::Q4tp => Some(ActOrder::NibblePairs),
+        _ => None,
+    }
+}
+
+thread_local! {
+    /// Quantized activations of the calling thread's `Fast` products, reused.
+    static QACTS: RefCell<QuantizedActs> = RefCell::new(QuantizedActs::default());
+}
+
+/// Runs `f` on the activations `x` (`[t, cols]`) quantized for `m`. The buffers are the
+/// calling thread's, reused; a product started while they are in use (a rayon worker
+/// stealing another product's task) quantizes into a one-off buffer instead.
+fn with_quantized<Out>(
+    m: &Matrix,
+    bytes: &[u8],
+    x: &[f32],
+    t: usize,
+    order: ActOrder,
+    f: impl FnOnce(Acts) -> Out,
+) -> Out {
+    let col = (m.dtype == DType::Q8_2f).then(|| {
+        let l = Q8Layout::new(m.geom);
+        &bytes[l.col_field..l.col_field + 2 * m.cols]
+    });
+    QACTS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut qa) => {
+            qa.fill(x, t, m.cols, col, order);
+            f(Acts::Int(&qa))
+        }
+        Err(_) => {
+            let mut qa = QuantizedActs::default();
+            qa.fill(x, t, m.cols, col, order);
+            f(Acts::Int(&qa))
+        }
+    })
+}
+
+thread_local! {
+    /// Decoded rows of the dtypes without a fused kernel; grows to the largest block seen
+    /// by this thread and is then reused, so products do not allocate.
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Hands rows `r0 .. r0 + R` of `m` to `v`: to its integer kernel when `int` (the dtype
+/// has one, see [`int_order`]), else in place for the fused dtypes, else decoded into this
+/// thread's scratch.
+fn block<const R: usize, V: WithRows<R>>(
+    m: &Matrix,
+    bytes: &[u8],
+    r0: usize,
+    int: bool,
+    v: &mut V,
+) {
+    let (g, k) = (m.geom, m.kernel);
+    if int {
+        // A `q8_2f` payload has the codes and row scales of a `q8_row` one where the
+        // integer kernel reads them (its column field is in the activations).
+        return match m.dtype {
+            DType::Q8Row | DType::Q8_2f => v.with_int(k, &Q8Rows::<R, false>::new(g, bytes, r0)),
+            DType::Q4Block => v.with_int(k, &Q4Rows::<R, false>::new(g, bytes, r0)),
+            DType::Q4Tiled => v.with_int(k, &Q4Rows::<R, true>::new(g, bytes, r0)),
+            DType::Q4tp => v.with_int(k, &Q4tpRows::<R>::new(g, bytes, r0)),
+            _ => unreachable!("no integer kernel for {}", m.dtype),
+        };
+    }
+    match m.dtype {
+        DType::F32 => v.with(k, &F32Rows::<R>::new(bytes, g.cols, r0)),
+        DType::F16 => v.with(k, &HalfRows::<R, false>::new(bytes, g.cols, r0)),
+        DType::Bf16 => v.with(k, &HalfRows::<R, true>::new(bytes, g.cols, r0)),
+        DType::Q8Row => v.with(k, &Q8Rows::<R, false>::new(g, bytes, r0)),
+        DType::Q8_2f => v.with(k, &Q8Rows::<R, true>::new(g, bytes, r0)),
+        DType::Q4Block if m.is_fused() => v.with(k, &Q4Rows::<R, false>::new(g, bytes, r0)),
+        DType::Q4Tiled if m.is_fused() => v.with(k, &Q4Rows::<R, true>::new(g, bytes, r0)),
+        DType::Q4tp => v.with(k, &Q4tpRows::<R>::new(g, bytes, r0)),
+        _ => SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            let n = R * g.cols;
+            if s.len() < n {
+                s.resize(n, 0.0);
+            }
+            for (i, row) in s[..n].chunks_exact_mut(g.cols.max(1)).enumerate() {
+                m.row(bytes, r0 + i, row);
+            }
+            let d = DecodedRows::<R> {
+                rows: std::array::from_fn(|i| &s[i * g.cols..(i + 1) * g.cols]),
+                cols: g.cols,
+            };
+            v.with(k, &d)
+        }),
+    }
+}
+
+/// Weight rows per block: four independent accumulators per activation hide the FMA
+/// latency, and an activation vector, once loaded, serves four rows.
+const BLOCK_ROWS: usize = 4;
+/// Activations per block in `matmul`: a weight row is decoded once per 4 tokens.
+const BLOCK_TOKENS: usize = 4;
 
 /// `y[r] = Σ_c W[r, c]·x[c]`; `x.len() == cols`, `y.len() == rows`.
 pub fn matvec(m: &Matrix, bytes: &[u8], x: &[f32], y: &mut [f32]) {
-    matmul(m, bytes, x, 1, y)
+    matvec_with(m, bytes, x, y, Precision::Exact)
+}
+
+/// [`matvec`] with the given [`Precision`].
+pub fn matvec_with(m: &Matrix, bytes: &[u8], x: &[f32], y: &mut [f32], p: Precision) {
+    assert_eq!(x.len(), m.cols, "activations must be [cols]");
+    assert_eq!(y.len(), m.rows, "output must be [rows]");
+    assert_eq!(bytes.len(), m.nbytes, "bytes of another tensor");
+    if m.rows == 0 {
+        return;
+    }
+    match int_order(m) {
+        Some(order) if p == Precision::Fast => {
+            with_quantized(m, bytes, x, 1, order, |acts| matvec_impl(m, bytes, acts, y))
+        }
+        _ => matvec_impl(m, bytes, Acts::F32(x), y),
+    }
+}
+
+fn matvec_impl(m: &Matrix, bytes: &[u8], acts: Acts, y: &mut [f32]) {
+    // Enough work per chunk to amortise a task (~32k weights), in whole blocks.
+    let chunk = 32768usize
+        .div_ceil(m.cols.max(1))
+        .next_multiple_of(BLOCK_ROWS)
+        .min(m.rows.next_multiple_of(BLOCK_ROWS));
+    y.par_chunks_mut(chunk)
+        .enumerate()
+        .for_each(|(c, ys)| matvec_rows(m, bytes, acts, c * chunk, ys));
+}
+
+/// Rows `r0 .. r0 + ys.len()` of a matvec.
+fn matvec_rows(m: &Matrix, bytes: &[u8], acts: Acts, r0: usize, ys: &mut [f32]) {
+    struct Mv<'a> {
+        acts: Acts<'a>,
+        cols: usize,
+        out: &'a mut [f32],
+    }
+    impl<const R: usize> WithRows<R> for Mv<'_> {
+        fn with<D: Rows>(&mut self, k: Kernel, d: &D) {
+            let mut o = [[0f32; 1]; R];
+            run::<D, R, 1>(k, d, &[self.acts.f32_token(0, self.cols)], &mut o);
+            for (y, o) in self.out.iter_mut().zip(&o) {
+                *y = o[0];
+            }
+        }
+        fn with_int<D: IntRows>(&mut self, k: Kernel, d: &D) {
+            let mut o = [[0f32; 1]; R];
+            run_int::<D, R, 1>(k, d, &[self.acts.int_token(0)], &mut o);
+            for (y, o) in self.out.iter_mut().zip(&o) {
+                *y = o[0];
+            }
+        }
+    }
+    let (int, cols) = (acts.is_int(), m.cols);
+    let mut at = 0;
+    while at < ys.len() {
+        let out = &mut ys[at..];
+        if out.len() >= BLOCK_ROWS {
+            let out = &mut out[..BLOCK_ROWS];
+            block::<BLOCK_ROWS, _>(m, bytes, r0 + at, int, &mut Mv { acts, cols, out });
+            at += BLOCK_ROWS;
+        } else {
+            block::<1, _>(m, bytes, r0 + at, int, &mut Mv { acts, cols, out });
+            at += 1;
+        }
+    }
+}
+
+/// `y` of a `matmul`, shared by its tasks: each task owns a disjoint set of weight rows
+/// and writes only their entries `y[i, r]`, so no entry is written twice or read.
+#[derive(Clone, Copy)]
+struct Out {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: `Out` is only used inside `matmul`, which holds the `&mut` of the buffer for
+// the whole parallel section; tasks write disjoint entries (see `Out::write`).
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// # Safety
+    /// No other thread accesses entry `i` during the write.
+    #[inline]
+    unsafe fn write(self, i: usize, v: f32) {
+        assert!(i < self.len);
+        *self.ptr.add(i) = v;
+    }
 }
 
 /// `y[i, r] = Σ_c W[r, c]·x[i, c]` for `i < t`; `x` is `[t, cols]`, `y` is `[t, rows]`.
+///
+/// Tasks own blocks of weight rows; within a task, activations are taken in blocks that
+/// fit in L2 (so the task's weight rows, re-read per block, and the block stay cached),
+/// and the products run in register blocks of 4 rows × 4 activations.
 pub fn matmul(m: &Matrix, bytes: &[u8], x: &[f32], t: usize, y: &mut [f32]) {
+    matmul_with(m, bytes, x, t, y, Precision::Exact)
+}
+
+/// [`matmul`] with the given [`Precision`].
+pub fn matmul_with(m: &Matrix, bytes: &[u8], x: &[f32], t: usize, y: &mut [f32], p: Precision) {
     assert_eq!(x.len(), t * m.cols, "activations must be [t, cols]");
     assert_eq!(y.len(), t * m.rows, "output must be [t, rows]");
-    debug_assert_eq!(bytes.len(), m.nbytes);
-    let chunk = rows_per_task(m, t);
-    // Output columns (rows of W) are split over tasks; each task writes a strided set of
-    // y entries, so collect per task and scatter afterwards.
-    let n_tasks = m.rows.div_ceil(chunk);
-    let parts: Vec<(usize, Vec<f32>)> = (0..n_tasks)
+    assert_eq!(bytes.len(), m.nbytes, "bytes of another tensor");
+    if t == 1 {
+        return matvec_with(m, bytes, x, y, p);
+    }
+    if t == 0 || m.rows == 0 {
+        return;
+    }
+    match int_order(m) {
+        Some(order) if p == Precision::Fast => with_quantized(m, bytes, x, t, order, |acts| {
+            matmul_impl(m, bytes, acts, t, y)
+        }),
+        _ => matmul_impl(m, bytes, Acts::F32(x), t, y),
+    }
+}
+
+fn matmul_impl(m: &Matrix, bytes: &[u8], acts: Acts, t: usize, y: &mut [f32]) {
+    let row_bytes = (m.nbytes / m.rows).max(1);
+    let by_cache = (256 << 10) / row_bytes;
+    let by_balance = m.rows.div_ceil(4 * rayon::current_num_threads());
+    let chunk = by_cache.min(by_balance).next_multiple_of(BLOCK_ROWS);
+    let tok_block = ((256 << 10) / (4 * m.cols.max(1))).next_multiple_of(BLOCK_TOKENS);
+    let out = Out {
+        ptr: y.as_mut_ptr(),
+        len: y.len(),
+    };
+    (0..m.rows.div_ceil(chunk))
         .into_par_iter()
-        .map(|task| {
-            let r0 = task * chunk;
-            let r1 = (r0 + chunk).min(m.rows);
-            let mut row = vec![0f32; m.cols];
-            let mut out = vec![0f32; (r1 - r0) * t];
-            for r in r0..r1 {
-                m.row(bytes, r, &mut row);
-                for i in 0..t {
-                    out[(r - r0) * t + i] = dot(&row, &x[i * m.cols..(i + 1) * m.cols]);
+        .for_each(move |c| {
+            let rows = c * chunk..((c + 1) * chunk).min(m.rows);
+            for j0 in (0..t).step_by(tok_block) {
+                let toks = j0..(j0 + tok_block).min(t);
+                let mut r = rows.start;
+                while r < rows.end {
+                    let mut v = Mm {
+                        acts,
+                        cols: m.cols,
+                        toks: toks.clone(),
+                        put: |i: usize, j: usize, v: f32| {
+                            // SAFETY: `j < t` and row `r + i` belongs to this task only, so
+                            // entry `j·rows + r + i < y.len()` is written by this task alone.
+                            unsafe { out.write(j * m.rows + r + i, v) }
+                        },
+                    };
+                    if rows.end - r >= BLOCK_ROWS {
+                        block::<BLOCK_ROWS, _>(m, bytes, r, acts.is_int(), &mut v);
+                        r += BLOCK_ROWS;
+                    } else {
+                        block::<1, _>(m, bytes, r, acts.is_int(), &mut v);
+                        r += 1;
+                    }
                 }
             }
-            (r0, out)
-        })
-        .collect();
-    for (r0, out) in parts {
-        let n = out.len() / t.max(1);
-        for k in 0..n {
-            for i in 0..t {
-                y[i * m.rows + r0 + k] = out[k * t + i];
+        });
+}
+
+/// A block of weight rows against the activations `toks`, 4, 2, 1 at a time;
+/// `put(i, j, v)` stores the value of block row `i` and token `j`.
+struct Mm<'a, P: FnMut(usize, usize, f32)> {
+    acts: Acts<'a>,
+    cols: usize,
+    toks: Range<usize>,
+    put: P,
+}
+
+impl<P: FnMut(usize, usize, f32)> Mm<'_, P> {
+    fn store<const R: usize, const T: usize>(&mut self, j: usize, o: &[[f32; T]; R]) {
+        for (i, o) in o.iter().enumerate() {
+            for (q, v) in o.iter().enumerate() {
+                (self.put)(i, j + q, *v);
             }
+        }
+    }
+
+    fn tile<D: Rows, const R: usize, const T: usize>(&mut self, k: Kernel, d: &D, j: usize) {
+        let xs: [&[f32]; T] = std::array::from_fn(|q| self.acts.f32_token(j + q, self.cols));
+        let mut o = [[0f32; T]; R];
+        run::<D, R, T>(k, d, &xs, &mut o);
+        self.store(j, &o);
+    }
+
+    fn tile_int<D: IntRows, const R: usize, const T: usize>(&mut self, k: Kernel, d: &D, j: usize) {
+        let xs: [QToken; T] = std::array::from_fn(|q| self.acts.int_token(j + q));
+        let mut o = [[0f32; T]; R];
+        run_int::<D, R, T>(k, d, &xs, &mut o);
+        self.store(j, &o);
+    }
+}
+
+impl<const R: usize, P: FnMut(usize, usize, f32)> WithRows<R> for Mm<'_, P> {
+    fn with<D: Rows>(&mut self, k: Kernel, d: &D) {
+        let mut j = self.toks.start;
+        while self.toks.end - j >= BLOCK_TOKENS {
+            self.tile::<D, R, BLOCK_TOKENS>(k, d, j);
+            j += BLOCK_TOKENS;
+        }
+        if self.toks.end - j >= 2 {
+            self.tile::<D, R, 2>(k, d, j);
+            j += 2;
+        }
+        if self.toks.end > j {
+            self.tile::<D, R, 1>(k, d, j);
+        }
+    }
+
+    fn with_int<D: IntRows>(&mut self, k: Kernel, d: &D) {
+        let mut j = self.toks.start;
+        while self.toks.end - j >= BLOCK_TOKENS {
+            self.tile_int::<D, R, BLOCK_TOKENS>(k, d, j);
+            j += BLOCK_TOKENS;
+        }
+        if self.toks.end - j >= 2 {
+            self.tile_int::<D, R, 2>(k, d, j);
+            j += 2;
+        }
+        if self.toks.end > j {
+            self.tile_int::<D, R, 1>(k, d, j);
         }
     }
 }

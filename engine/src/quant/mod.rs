@@ -8,6 +8,10 @@
 //! - [`vbit`]: `vbit`, `vbit_ro` (per-row bit width 3–8, MSB-first bit packing);
 //! - [`q1`]: `q1`, `q1s`, `q1t` (binary / ternary tiles, sparse f16 overlays).
 //!
+//! Each family module also holds its row-dot kernels (decode 32 weights in registers,
+//! scalar and x86-64 SIMD); [`kernel`] has their shared loop and the run-time choice of
+//! instruction set, [`matrix`] the products the inference engine calls.
+//!
 //! The API works on a tensor's `(dtype, shape, bytes)` exactly as the directory records
 //! them. Nothing here panics on hostile input: a payload is checked by [`validate`] (which
 //! every decoder runs first) and all offsets are computed with checked arithmetic.
@@ -22,6 +26,7 @@
 //! so that what the decoder computes is exactly what the encoder measured.
 
 pub mod f16s;
+pub mod kernel;
 pub mod matrix;
 pub mod q1;
 pub mod q4;
@@ -40,6 +45,8 @@ pub mod layout {
 
 #[cfg(test)]
 mod fixture_tests;
+#[cfg(test)]
+mod kernel_tests;
 #[cfg(test)]
 mod prop_tests;
 

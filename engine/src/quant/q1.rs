@@ -284,6 +284,67 @@ pub(super) fn decode_q1s_row(
     Ok(())
 }
 
+/// `q1s` overlay entries grouped by row, built once per matrix (the payload's overlay is
+/// one flat list, so without it a row would cost O(count)): row `r`'s entries are
+/// `entries[ptr[r] .. ptr[r + 1]]`, indices into the payload's entry table in file order,
+/// so that applying them in turn keeps "a later duplicate wins".
+#[derive(Clone, Debug, Default)]
+pub struct Q1sRowIndex {
+    ptr: Vec<u32>,
+    entries: Vec<u32>,
+}
+
+impl Q1sRowIndex {
+    /// Counting sort of a validated payload's entries by row (stable).
+    pub(crate) fn new(g: Geom, bytes: &[u8]) -> Result<Q1sRowIndex, String> {
+        let l = validate_q1s(g, bytes)?;
+        let cols = g.cols.max(1);
+        let row_of = |e: usize| -> Result<usize, String> {
+            Ok(
+                rd_u32(bytes, l.entries + e * Q1S_ENTRY).ok_or("entry outside the payload")?
+                    as usize
+                    / cols,
+            )
+        };
+        let mut ptr = vec![0u32; g.rows + 1];
+        for e in 0..l.count {
+            ptr[row_of(e)? + 1] += 1;
+        }
+        for r in 0..g.rows {
+            ptr[r + 1] += ptr[r];
+        }
+        let mut fill = ptr.clone();
+        let mut entries = vec![0u32; l.count];
+        for e in 0..l.count {
+            let r = row_of(e)?;
+            entries[fill[r] as usize] = e as u32;
+            fill[r] += 1;
+        }
+        Ok(Q1sRowIndex { ptr, entries })
+    }
+}
+
+/// Decodes row `r` of a validated `q1s` payload in O(row + its entries).
+pub(crate) fn decode_q1s_row_indexed(
+    g: Geom,
+    bytes: &[u8],
+    index: &Q1sRowIndex,
+    r: usize,
+    out: &mut [f32],
+) -> Result<(), String> {
+    let start = r * g.cols;
+    decode_q1_range(bytes, start, out)?;
+    let entries = g.numel.div_ceil(GROUP) * Q1_TILE + 4;
+    let (a, b) = (index.ptr[r] as usize, index.ptr[r + 1] as usize);
+    for &e in &index.entries[a..b] {
+        let at = entries + e as usize * Q1S_ENTRY;
+        let idx = rd_u32(bytes, at).ok_or("entry outside the payload")? as usize;
+        *out.get_mut(idx.wrapping_sub(start))
+            .ok_or("entry outside its row")? = overlay_value(bytes, at + 4)?;
+    }
+    Ok(())
+}
+
 fn apply_q1t_row(
     g: Geom,
     bytes: &[u8],

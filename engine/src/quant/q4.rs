@@ -19,6 +19,7 @@
 //! `clamp(round_ties_even(w/scale) + 8, 0, 15)` with the rounded scale; a zero group has
 //! scale 0 and nibbles 8; padding elements of the last group are nibble 8.
 
+use super::kernel::{IntRowsScalar, RowsScalar, STEP};
 use super::{absmax, rd_f16, round_scale, step_error_bound, Geom, QuantError, BOUND_SLACK};
 use crate::format::dtype::DType;
 use half::f16;
@@ -431,5 +432,306 @@ mod tests {
         let mut row = vec![0.0; 64];
         decode_row(DType::Q4tp, &[2, 64], &b, 1, &mut row).unwrap();
         assert_eq!(row, d[64..]);
+    }
+}
+
+// ---- row-dot kernels ---------------------------------------------------------------------
+//
+// One step of the kernels is one group: 16 nibble bytes and one scale. The nibbles are
+// split (`& 0xF`, `>> 4`), re-interleaved into element order with a byte unpack (low
+// nibble = even element, high = odd), re-centred (`− 8`) while still bytes, widened to
+// i32, converted, and multiplied by the scale: `(q − 8)·scale` is exact in f32 (4-bit
+// times 11-bit significand), so each weight enters the dot exactly as `decode` yields it.
+// Only rows that start on a group boundary (`cols % 32 == 0`) take this path; `q4_block`
+// and `q4_tiled` tensors of other shapes, whose groups straddle rows, are decoded row by
+// row into scratch by `matrix`.
+
+/// `R` consecutive group-aligned rows of a `q4_block` (`TILED = false`) or `q4_tiled`
+/// (`TILED = true`) payload.
+pub(crate) struct Q4Rows<'a, const R: usize, const TILED: bool> {
+    /// `q4_block`: the row's nibble bytes; `q4_tiled`: the row's 18-byte tiles.
+    data: [&'a [u8]; R],
+    /// `q4_block`: the row's f16 scales; `q4_tiled`: unused (empty).
+    scales: [&'a [u8]; R],
+    cols: usize,
+}
+
+impl<'a, const R: usize, const TILED: bool> Q4Rows<'a, R, TILED> {
+    /// Rows `r0 .. r0 + R` of a validated payload with `cols % 32 == 0`.
+    pub fn new(g: Geom, bytes: &'a [u8], r0: usize) -> Self {
+        debug_assert_eq!(g.cols % GROUP, 0);
+        let gpr = g.cols / GROUP;
+        let groups = g.numel / GROUP;
+        let (stride, sc) = if TILED {
+            (TILE_BYTES, 0)
+        } else {
+            (NIBBLE_BYTES, groups * NIBBLE_BYTES)
+        };
+        Q4Rows {
+            data: std::array::from_fn(|i| {
+                &bytes[(r0 + i) * gpr * stride..(r0 + i + 1) * gpr * stride]
+            }),
+            scales: std::array::from_fn(|i| {
+                if TILED {
+                    &[][..]
+                } else {
+                    &bytes[sc + (r0 + i) * gpr * 2..sc + (r0 + i + 1) * gpr * 2]
+                }
+            }),
+            cols: g.cols,
+        }
+    }
+
+    /// The 16 nibble bytes and the f16 scale bits of group `blk` of row `i`.
+    #[inline(always)]
+    fn group(&self, i: usize, blk: usize) -> (&[u8], u16) {
+        if TILED {
+            let t = &self.data[i][blk * TILE_BYTES..(blk + 1) * TILE_BYTES];
+            (&t[2..], super::kernel::le16(t, 0))
+        } else {
+            (
+                &self.data[i][blk * NIBBLE_BYTES..(blk + 1) * NIBBLE_BYTES],
+                super::kernel::le16(self.scales[i], 2 * blk),
+            )
+        }
+    }
+}
+
+impl<const R: usize, const TILED: bool> RowsScalar for Q4Rows<'_, R, TILED> {
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn decode32(&self, i: usize, blk: usize, out: &mut [f32; STEP]) {
+        let (nib, s) = self.group(i, blk);
+        unpack_nibbles(nib, super::kernel::h2f_scalar(s), out);
+    }
+}
+
+/// `R` consecutive rows of a `q4tp` payload, with their ladders evaluated once.
+pub(crate) struct Q4tpRows<'a, const R: usize> {
+    nib: [&'a [u8]; R],
+    codes: [&'a [u8]; R],
+    ladder: [[f32; LADDER]; R],
+    cols: usize,
+}
+
+impl<'a, const R: usize> Q4tpRows<'a, R> {
+    /// Rows `r0 .. r0 + R` of a validated payload. The `R` ladders are built side by side
+    /// (`R` independent multiplication chains instead of one chain of `31·R`), each with
+    /// exactly the operations of [`ladder`].
+    pub fn new(g: Geom, bytes: &'a [u8], r0: usize) -> Self {
+        let l = Q4tpLayout::new(g);
+        let param = |i: usize, k: usize| {
+            f16::from_bits(super::kernel::le16(bytes, l.params + 4 * (r0 + i) + 2 * k)).to_f32()
+        };
+        let mult: [f32; R] = std::array::from_fn(|i| param(i, 1).exp2());
+        let mut ladder = [[0f32; LADDER]; R];
+        for (i, t) in ladder.iter_mut().enumerate() {
+            t[0] = param(i, 0).exp2();
+        }
+        for c in 1..LADDER {
+            for (t, m) in ladder.iter_mut().zip(&mult) {
+                t[c] = t[c - 1] * m;
+            }
+        }
+        Q4tpRows {
+            nib: std::array::from_fn(|i| {
+                let at = (r0 + i) * l.gpr * NIBBLE_BYTES;
+                &bytes[at..at + l.gpr * NIBBLE_BYTES]
+            }),
+            codes: std::array::from_fn(|i| {
+                let at = l.codes + (r0 + i) * l.code_bytes;
+                &bytes[at..at + l.code_bytes]
+            }),
+            ladder,
+            cols: g.cols,
+        }
+    }
+
+    /// Nibble bytes and scale of group `blk` of row `i`.
+    #[inline(always)]
+    fn group(&self, i: usize, blk: usize) -> (&[u8], f32) {
+        let c = self.codes[i];
+        let p = 5 * blk;
+        let lo = c[p / 8] as u16;
+        let hi = c.get(p / 8 + 1).copied().unwrap_or(0) as u16;
+        let code = (((hi << 8) | lo) >> (p % 8)) as usize & 31;
+        (
+            &self.nib[i][blk * NIBBLE_BYTES..(blk + 1) * NIBBLE_BYTES],
+            self.ladder[i][code],
+        )
+    }
+}
+
+impl<const R: usize> RowsScalar for Q4tpRows<'_, R> {
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn decode32(&self, i: usize, blk: usize, out: &mut [f32; STEP]) {
+        let (nib, t) = self.group(i, blk);
+        unpack_nibbles(nib, t, out);
+    }
+}
+
+/// Codes `nibble − 8` of a group, low nibbles (even elements) first, then high ones: the
+/// order of [`super::kernel::ActOrder::NibblePairs`].
+fn pair_codes(nib: &[u8], out: &mut [i8; STEP]) {
+    for (k, &b) in nib.iter().enumerate().take(NIBBLE_BYTES) {
+        out[k] = (b & 0xF) as i8 - 8;
+        out[NIBBLE_BYTES + k] = (b >> 4) as i8 - 8;
+    }
+}
+
+impl<const R: usize, const TILED: bool> IntRowsScalar for Q4Rows<'_, R, TILED> {
+    const GROUP_SCALES: bool = true;
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn codes32(&self, i: usize, blk: usize, out: &mut [i8; STEP]) {
+        pair_codes(self.group(i, blk).0, out);
+    }
+    fn group_scale(&self, i: usize, blk: usize) -> f32 {
+        super::kernel::h2f_scalar(self.group(i, blk).1)
+    }
+    fn int_post(&self, _i: usize) -> f32 {
+        1.0
+    }
+}
+
+impl<const R: usize> IntRowsScalar for Q4tpRows<'_, R> {
+    const GROUP_SCALES: bool = true;
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn codes32(&self, i: usize, blk: usize, out: &mut [i8; STEP]) {
+        pair_codes(self.group(i, blk).0, out);
+    }
+    fn group_scale(&self, i: usize, blk: usize) -> f32 {
+        self.group(i, blk).1
+    }
+    fn int_post(&self, _i: usize) -> f32 {
+        1.0
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::super::kernel::{h2f, IntRowsSimd, RowsAvx2, RowsAvx512};
+    use super::{Q4Rows, Q4tpRows};
+    use std::arch::x86_64::*;
+
+    /// The 32 codes `nibble − 8` of a group as i8: low nibbles, then high nibbles.
+    #[inline(always)]
+    unsafe fn nibbles_u8(nib: &[u8]) -> __m256i {
+        let b = _mm_loadu_si128(nib[..16].as_ptr() as *const __m128i);
+        let both = _mm256_set_m128i(_mm_srli_epi16::<4>(b), b);
+        _mm256_sub_epi8(
+            _mm256_and_si256(both, _mm256_set1_epi8(0x0F)),
+            _mm256_set1_epi8(8),
+        )
+    }
+
+    impl<const R: usize, const TILED: bool> IntRowsSimd for Q4Rows<'_, R, TILED> {
+        #[inline(always)]
+        unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {
+            nibbles_u8(self.group(i, blk).0)
+        }
+        #[inline(always)]
+        unsafe fn group_scale_simd(&self, i: usize, blk: usize) -> f32 {
+            h2f(self.group(i, blk).1)
+        }
+    }
+
+    impl<const R: usize> IntRowsSimd for Q4tpRows<'_, R> {
+        #[inline(always)]
+        unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {
+            nibbles_u8(self.group(i, blk).0)
+        }
+    }
+
+    /// The 32 codes `q − 8` of a group in element order, as i8: elements 0..16 and 16..32.
+    #[inline(always)]
+    unsafe fn centred(nib: &[u8]) -> (__m128i, __m128i) {
+        let b = _mm_loadu_si128(nib[..16].as_ptr() as *const __m128i);
+        let m = _mm_set1_epi8(0x0F);
+        let lo = _mm_and_si128(b, m);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), m);
+        let eight = _mm_set1_epi8(8);
+        (
+            _mm_sub_epi8(_mm_unpacklo_epi8(lo, hi), eight),
+            _mm_sub_epi8(_mm_unpackhi_epi8(lo, hi), eight),
+        )
+    }
+
+    #[inline(always)]
+    unsafe fn group_avx2(nib: &[u8], s: f32) -> [__m256; 4] {
+        let (a, b) = centred(nib);
+        let s = _mm256_set1_ps(s);
+        [
+            scaled8(a, s),
+            scaled8(_mm_unpackhi_epi64(a, a), s),
+            scaled8(b, s),
+            scaled8(_mm_unpackhi_epi64(b, b), s),
+        ]
+    }
+
+    /// The low 8 i8 lanes of `v`, as f32, times `s`.
+    #[inline(always)]
+    unsafe fn scaled8(v: __m128i, s: __m256) -> __m256 {
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), s)
+    }
+
+    /// AVX-512: a table lookup instead of convert-and-scale. The 16 possible weights of a
+    /// group, `(k − 8)·s`, fit one register; `vpermps` picks them by index and reads only
+    /// the low 4 bits of each index lane, so interleaving the bytes with themselves shifted
+    /// right by 4 (`b0, b0>>4, b1, b1>>4, …`, garbage above bit 3) and zero-extending to
+    /// 32 bits yields the indices of elements 0..16 and 16..32 without masking.
+    #[inline(always)]
+    unsafe fn group_avx512(nib: &[u8], s: f32) -> [__m512; 2] {
+        let b = _mm_loadu_si128(nib[..16].as_ptr() as *const __m128i);
+        let h = _mm_srli_epi16::<4>(b);
+        let table = _mm512_mul_ps(
+            _mm512_setr_ps(
+                -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0,
+                7.0,
+            ),
+            _mm512_set1_ps(s),
+        );
+        [
+            _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b, h)), table),
+            _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(b, h)), table),
+        ]
+    }
+
+    impl<const R: usize, const TILED: bool> RowsAvx2 for Q4Rows<'_, R, TILED> {
+        #[inline(always)]
+        unsafe fn load_avx2(&self, i: usize, blk: usize) -> [__m256; 4] {
+            let (nib, s) = self.group(i, blk);
+            group_avx2(nib, h2f(s))
+        }
+    }
+
+    impl<const R: usize, const TILED: bool> RowsAvx512 for Q4Rows<'_, R, TILED> {
+        #[inline(always)]
+        unsafe fn load_avx512(&self, i: usize, blk: usize) -> [__m512; 2] {
+            let (nib, s) = self.group(i, blk);
+            group_avx512(nib, h2f(s))
+        }
+    }
+
+    impl<const R: usize> RowsAvx2 for Q4tpRows<'_, R> {
+        #[inline(always)]
+        unsafe fn load_avx2(&self, i: usize, blk: usize) -> [__m256; 4] {
+            let (nib, t) = self.group(i, blk);
+            group_avx2(nib, t)
+        }
+    }
+
+    impl<const R: usize> RowsAvx512 for Q4tpRows<'_, R> {
+        #[inline(always)]
+        unsafe fn load_avx512(&self, i: usize, blk: usize) -> [__m512; 2] {
+            let (nib, t) = self.group(i, blk);
+            group_avx512(nib, t)
+        }
     }
 }

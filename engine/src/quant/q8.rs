@@ -9,6 +9,7 @@
 //! Encoder (both): codes are `round_ties_even(w / step)` clamped to `[−128, 127]`, with the
 //! step built from the *f16-rounded* stored factors. A row of zeros gets scale 0 and codes 0.
 
+use super::kernel::{IntRowsScalar, RowsScalar, STEP};
 use super::{absmax, rd_f16, round_scale, step_error_bound, Geom, QuantError};
 use crate::format::dtype::DType;
 
@@ -280,5 +281,148 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(e, QuantError::OutOfRange { .. }), "{e}");
+    }
+}
+
+// ---- row-dot kernels ---------------------------------------------------------------------
+//
+// `q8_row`: the row scale is pulled out of the sum, `y = scale·Σ q·x`. `q8_2f`: likewise,
+// `y = scale·Σ (q·col)·x`, where `q·col` (an 8-bit integer times an 11-bit f16
+// significand) is exact in f32. Only the order and grouping of the f32 sum differ from
+// "decode, then dot".
+
+/// `R` consecutive rows of a `q8_row` (`COL = false`) or `q8_2f` (`COL = true`) payload.
+pub(crate) struct Q8Rows<'a, const R: usize, const COL: bool> {
+    codes: [&'a [u8]; R],
+    scale: [f32; R],
+    /// The f16 column field (`q8_2f`), empty for `q8_row`.
+    col: &'a [u8],
+    cols: usize,
+}
+
+impl<'a, const R: usize, const COL: bool> Q8Rows<'a, R, COL> {
+    /// Rows `r0 .. r0 + R` of a validated payload.
+    pub fn new(g: Geom, bytes: &'a [u8], r0: usize) -> Self {
+        let l = Q8Layout::new(g);
+        Q8Rows {
+            codes: std::array::from_fn(|i| &bytes[(r0 + i) * g.cols..(r0 + i + 1) * g.cols]),
+            scale: std::array::from_fn(|i| {
+                super::kernel::h2f_scalar(super::kernel::le16(bytes, l.scales + 2 * (r0 + i)))
+            }),
+            col: if COL {
+                &bytes[l.col_field..l.col_field + 2 * g.cols]
+            } else {
+                &[]
+            },
+            cols: g.cols,
+        }
+    }
+}
+
+impl<const R: usize, const COL: bool> RowsScalar for Q8Rows<'_, R, COL> {
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn decode32(&self, i: usize, blk: usize, out: &mut [f32; STEP]) {
+        out.fill(0.0);
+        let k = (blk * STEP).min(self.cols);
+        let n = (self.cols - k).min(STEP);
+        for (e, o) in out[..n].iter_mut().enumerate() {
+            let q = self.codes[i][k + e] as i8 as f32;
+            *o = if COL {
+                q * super::kernel::h2f_scalar(super::kernel::le16(self.col, 2 * (k + e)))
+            } else {
+                q
+            };
+        }
+    }
+    fn post(&self, i: usize) -> f32 {
+        self.scale[i]
+    }
+}
+
+/// The integer (`Fast`) kernels read the codes only: for `q8_2f` the column field is
+/// folded into the activations before they are quantized (`Σ q·col·x = Σ q·(col·x)`), so
+/// a `q8_2f` payload is read through `Q8Rows<R, false>` there.
+impl<const R: usize, const COL: bool> IntRowsScalar for Q8Rows<'_, R, COL> {
+    const GROUP_SCALES: bool = false;
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn codes32(&self, i: usize, blk: usize, out: &mut [i8; STEP]) {
+        out.fill(0);
+        let k = (blk * STEP).min(self.cols);
+        let n = (self.cols - k).min(STEP);
+        for (o, &q) in out.iter_mut().zip(&self.codes[i][k..k + n]) {
+            *o = q as i8;
+        }
+    }
+    fn group_scale(&self, _i: usize, _blk: usize) -> f32 {
+        1.0
+    }
+    fn int_post(&self, i: usize) -> f32 {
+        self.scale[i]
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::super::kernel::{IntRowsSimd, RowsAvx2, RowsAvx512, STEP};
+    use super::Q8Rows;
+    use std::arch::x86_64::*;
+
+    impl<const R: usize, const COL: bool> IntRowsSimd for Q8Rows<'_, R, COL> {
+        #[inline(always)]
+        unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {
+            _mm256_loadu_si256(
+                self.codes[i][blk * STEP..(blk + 1) * STEP].as_ptr() as *const __m256i
+            )
+        }
+    }
+
+    /// Codes: sign-extend bytes to i32 and convert (`vpmovsxbd`, `vcvtdq2ps`); `q8_2f`
+    /// multiplies by the converted column field.
+    impl<const R: usize, const COL: bool> RowsAvx2 for Q8Rows<'_, R, COL> {
+        #[inline(always)]
+        unsafe fn load_avx2(&self, i: usize, blk: usize) -> [__m256; 4] {
+            let p = self.codes[i][blk * STEP..(blk + 1) * STEP].as_ptr();
+            let mut w = [
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i))),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                    p.add(8) as *const __m128i
+                ))),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                    p.add(16) as *const __m128i
+                ))),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                    p.add(24) as *const __m128i
+                ))),
+            ];
+            if COL {
+                let c = self.col[blk * STEP * 2..(blk + 1) * STEP * 2].as_ptr() as *const __m128i;
+                w[0] = _mm256_mul_ps(w[0], _mm256_cvtph_ps(_mm_loadu_si128(c)));
+                w[1] = _mm256_mul_ps(w[1], _mm256_cvtph_ps(_mm_loadu_si128(c.add(1))));
+                w[2] = _mm256_mul_ps(w[2], _mm256_cvtph_ps(_mm_loadu_si128(c.add(2))));
+                w[3] = _mm256_mul_ps(w[3], _mm256_cvtph_ps(_mm_loadu_si128(c.add(3))));
+            }
+            w
+        }
+    }
+
+    impl<const R: usize, const COL: bool> RowsAvx512 for Q8Rows<'_, R, COL> {
+        #[inline(always)]
+        unsafe fn load_avx512(&self, i: usize, blk: usize) -> [__m512; 2] {
+            let p = self.codes[i][blk * STEP..(blk + 1) * STEP].as_ptr() as *const __m128i;
+            let mut w = [
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p))),
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(1)))),
+            ];
+            if COL {
+                let c = self.col[blk * STEP * 2..(blk + 1) * STEP * 2].as_ptr() as *const __m256i;
+                w[0] = _mm512_mul_ps(w[0], _mm512_cvtph_ps(_mm256_loadu_si256(c)));
+                w[1] = _mm512_mul_ps(w[1], _mm512_cvtph_ps(_mm256_loadu_si256(c.add(1))));
+            }
+            w
+        }
     }
 }

@@ -213,6 +213,36 @@ pub(super) fn decode_row(
     decode_one(g, l, bytes, r, b, start, out)
 }
 
+/// Start of every packed row, relative to the packed area, then its end (`rows + 1`
+/// values). `vbit` has no offset table, so a row's start is a prefix sum over the widths:
+/// computed once per matrix (O(rows)), it lets every later row decode in O(row).
+pub(crate) fn row_starts(g: Geom, bytes: &[u8]) -> Result<Vec<usize>, String> {
+    let mut starts = Vec::with_capacity(g.rows + 1);
+    let mut at = 0usize;
+    starts.push(0);
+    for r in 0..g.rows {
+        at = at
+            .checked_add(row_bytes(g.cols, bits_of(bytes, r)?).ok_or("row length overflows")?)
+            .ok_or("row offset overflows")?;
+        starts.push(at);
+    }
+    Ok(starts)
+}
+
+/// Decodes row `r`, whose packed bytes start `start` bytes into the packed area (from
+/// [`row_starts`]): O(row).
+pub(crate) fn decode_row_from(
+    dtype: DType,
+    g: Geom,
+    bytes: &[u8],
+    r: usize,
+    start: usize,
+    out: &mut [f32],
+) -> Result<(), String> {
+    let l = VbitLayout::new(dtype, g).ok_or("layout offsets overflow")?;
+    decode_one(g, l, bytes, r, bits_of(bytes, r)?, start, out)
+}
+
 /// Per-element bounds (see `quant::error_bounds`); the payload is validated.
 pub(super) fn bounds(dtype: DType, g: Geom, bytes: &[u8], out: &mut [f32]) -> Result<(), String> {
     let l = validate(dtype, g, bytes)?;

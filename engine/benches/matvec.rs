@@ -1,0 +1,116 @@
+//! Weight-streaming speed of the products of `quant::matrix`, per hot dtype: `matvec` of a
+//! 2048×2048 matrix (decode of one token) on 1 and 2 threads, and `matmul` of 64 tokens
+//! (prefill) on 2 threads; for the dtypes with an integer kernel, the same with
+//! `Precision::Fast` (quantized activations). Throughput is in bytes of stored weights per
+//! second, the figure that bounds decode speed (a matvec reads every weight byte once).
+//! The matrix stays in the last-level cache between iterations (a warm-cache figure).
+//!
+//! `CORTIQ_BENCH_SHAPE=4864x896` benchmarks another shape (e.g. Qwen2.5-0.5B's MLP).
+use cortiq_engine::format::dtype::DType;
+use cortiq_engine::quant::matrix::{matmul, matmul_with, matvec, matvec_with, Matrix, Precision};
+use cortiq_engine::quant::{encode, EncodeOptions};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use std::hint::black_box;
+
+const HOT: [DType; 8] = [
+    DType::Q8Row,
+    DType::Q4Block,
+    DType::Q4Tiled,
+    DType::F32,
+    DType::F16,
+    DType::Bf16,
+    DType::Q8_2f,
+    DType::Q4tp,
+];
+
+/// Dtypes with an integer kernel for `Precision::Fast`.
+const FAST: [DType; 5] = [
+    DType::Q8Row,
+    DType::Q4Block,
+    DType::Q4Tiled,
+    DType::Q8_2f,
+    DType::Q4tp,
+];
+
+fn shape() -> (usize, usize) {
+    let s = std::env::var("CORTIQ_BENCH_SHAPE").unwrap_or_else(|_| "2048x2048".into());
+    let (r, c) = s.split_once('x').expect("CORTIQ_BENCH_SHAPE is ROWSxCOLS");
+    (r.parse().unwrap(), c.parse().unwrap())
+}
+
+/// Deterministic, roughly normal weights (xorshift).
+fn values(n: usize) -> Vec<f32> {
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    (0..n)
+        .map(|_| {
+            let mut u = 0.0;
+            for _ in 0..4 {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                u += (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            }
+            u * 0.05
+        })
+        .collect()
+}
+
+fn benches(c: &mut Criterion) {
+    let (rows, cols) = shape();
+    let w = values(rows * cols);
+    let pools: Vec<(usize, rayon::ThreadPool)> = [1, 2]
+        .into_iter()
+        .map(|n| {
+            let p = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .unwrap();
+            (n, p)
+        })
+        .collect();
+    let t = 64;
+    let x = values(t * cols);
+    for dtype in HOT {
+        let shape = [rows as u64, cols as u64];
+        let bytes = encode(dtype, &shape, &w, &EncodeOptions::default()).unwrap();
+        let m = Matrix::new(dtype, &shape, &bytes).unwrap();
+        let mut g = c.benchmark_group(format!("{dtype} {rows}x{cols}"));
+        g.throughput(Throughput::Bytes(bytes.len() as u64));
+        let mut y = vec![0f32; t * rows];
+        for (n, pool) in &pools {
+            g.bench_function(BenchmarkId::new("matvec", format!("{n}T")), |b| {
+                pool.install(|| {
+                    b.iter(|| matvec(&m, black_box(&bytes), &x[..cols], &mut y[..rows]))
+                })
+            });
+        }
+        let (n, pool) = &pools[1];
+        g.bench_function(
+            BenchmarkId::new(format!("matmul t={t}"), format!("{n}T")),
+            |b| pool.install(|| b.iter(|| matmul(&m, black_box(&bytes), &x, t, &mut y))),
+        );
+        if FAST.contains(&dtype) {
+            for (n, pool) in &pools {
+                g.bench_function(BenchmarkId::new("matvec fast", format!("{n}T")), |b| {
+                    pool.install(|| {
+                        b.iter(|| {
+                            let (x, y) = (&x[..cols], &mut y[..rows]);
+                            matvec_with(&m, black_box(&bytes), x, y, Precision::Fast)
+                        })
+                    })
+                });
+            }
+            let (n, pool) = &pools[1];
+            let id = BenchmarkId::new(format!("matmul fast t={t}"), format!("{n}T"));
+            g.bench_function(id, |b| {
+                pool.install(|| {
+                    b.iter(|| matmul_with(&m, black_box(&bytes), &x, t, &mut y, Precision::Fast))
+                })
+            });
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(matvec_benches, benches);
+criterion_main!(matvec_benches);

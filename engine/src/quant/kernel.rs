@@ -1,0 +1,648 @@
+//! The shared loop of the row-dot kernels and the choice of instruction set.
+//!
+//! Every product of [`super::matrix`] is a set of blocks "`R` weight rows × `T` activation
+//! rows": each weight row is decoded once per block, 32 elements at a time, straight from
+//! its stored bytes (never materialised as a whole row), and dotted against the `T`
+//! activations while the decoded elements are still in registers. What is specific to a
+//! dtype is only "decode elements `32·blk .. 32·blk + 32` of row `i`", which each family
+//! module implements for its layouts ([`RowsScalar`], and on x86-64 [`RowsAvx2`] and
+//! [`RowsAvx512`]); the loops over blocks, rows and activations live here, once.
+//!
+//! Determinism: for a given [`Kernel`], the result for one (weight row, activation) pair
+//! depends neither on `R` nor on `T` — each pair owns one accumulator that sees the same
+//! operations in the same order — so a prefill (`matmul`, large `T`) computes bit for bit
+//! the same values as the decode path (`matvec`, `T = 1`) would for each token.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// Elements decoded per step: the group size of the quantized layouts.
+pub const STEP: usize = 32;
+
+/// Instruction set a [`super::matrix::Matrix`] multiplies with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// Portable scalar code: the reference the SIMD kernels are tested against.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C, 8 lanes.
+    Avx2,
+    /// x86-64 AVX-512 F/BW/VL (+ AVX2, FMA, F16C), 16 lanes.
+    Avx512,
+}
+
+impl Kernel {
+    /// The fastest kernel this CPU runs (detected at run time).
+    pub fn detect() -> Kernel {
+        if Kernel::Avx512.is_available() {
+            Kernel::Avx512
+        } else if Kernel::Avx2.is_available() {
+            Kernel::Avx2
+        } else {
+            Kernel::Scalar
+        }
+    }
+
+    /// Whether this CPU can run the kernel.
+    pub fn is_available(self) -> bool {
+        match self {
+            Kernel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => {
+                Kernel::Avx2.is_available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// Every kernel this CPU runs, scalar first.
+    pub fn available() -> Vec<Kernel> {
+        [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512]
+            .into_iter()
+            .filter(|k| k.is_available())
+            .collect()
+    }
+}
+
+/// `R` weight rows as the scalar loop sees them.
+pub(crate) trait RowsScalar {
+    /// Elements per row.
+    fn cols(&self) -> usize;
+    /// Elements `32·blk ..` of row `i` (`i < R`), at most 32, the rest of `out` zero.
+    /// The values are the row's decoded weights divided by [`RowsScalar::post`].
+    fn decode32(&self, i: usize, blk: usize, out: &mut [f32; STEP]);
+    /// Factor applied to row `i`'s finished dot product (a per-row scale pulled out of
+    /// the loop); exactly 1 by default.
+    fn post(&self, _i: usize) -> f32 {
+        1.0
+    }
+}
+
+/// AVX2 decode of a whole step: elements `32·blk .. 32·blk + 32` of row `i` as four
+/// 8-lane vectors (same values as [`RowsScalar::decode32`]).
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait RowsAvx2: RowsScalar {
+    /// # Safety
+    /// The CPU supports [`Kernel::Avx2`]; `blk < cols / 32`, `i < R`.
+    unsafe fn load_avx2(&self, i: usize, blk: usize) -> [__m256; 4];
+}
+
+/// AVX-512 decode of a whole step as two 16-lane vectors.
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait RowsAvx512: RowsScalar {
+    /// # Safety
+    /// The CPU supports [`Kernel::Avx512`]; `blk < cols / 32`, `i < R`.
+    unsafe fn load_avx512(&self, i: usize, blk: usize) -> [__m512; 2];
+}
+
+/// Everything a row block must implement to run on every kernel of this target.
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait Rows: RowsAvx2 + RowsAvx512 {}
+#[cfg(target_arch = "x86_64")]
+impl<D: RowsAvx2 + RowsAvx512> Rows for D {}
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) trait Rows: RowsScalar {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<D: RowsScalar> Rows for D {}
+
+/// `out[i][j] = row_i · xs[j]` for the `R` rows of `d` and the `T` activations `xs`
+/// (each `cols` long), with kernel `k`.
+#[inline]
+pub(crate) fn run<D: Rows, const R: usize, const T: usize>(
+    k: Kernel,
+    d: &D,
+    xs: &[&[f32]; T],
+    out: &mut [[f32; T]; R],
+) {
+    for x in xs {
+        assert_eq!(x.len(), d.cols(), "activation length must equal cols");
+    }
+    match k {
+        // SAFETY: a `Matrix` only holds a kernel that `is_available()` on this CPU, and
+        // the activation lengths were checked just above.
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 => unsafe { fused_avx512::<D, R, T>(d, xs, out) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => unsafe { fused_avx2::<D, R, T>(d, xs, out) },
+        _ => fused_scalar::<D, R, T>(d, xs, out),
+    }
+}
+
+/// The scalar reference: decode 32 elements, then one sequential sum per pair.
+pub(crate) fn fused_scalar<D: RowsScalar, const R: usize, const T: usize>(
+    d: &D,
+    xs: &[&[f32]; T],
+    out: &mut [[f32; T]; R],
+) {
+    let n = d.cols();
+    let mut acc = [[0f32; T]; R];
+    let mut w = [0f32; STEP];
+    for blk in 0..n.div_ceil(STEP) {
+        let k = blk * STEP;
+        let len = STEP.min(n - k);
+        for (i, acc_i) in acc.iter_mut().enumerate() {
+            d.decode32(i, blk, &mut w);
+            for (a, x) in acc_i.iter_mut().zip(xs) {
+                let mut s = *a;
+                for (wv, xv) in w[..len].iter().zip(&x[k..k + len]) {
+                    s += wv * xv;
+                }
+                *a = s;
+            }
+        }
+    }
+    for (i, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
+        let p = d.post(i);
+        for (o, a) in o.iter_mut().zip(a) {
+            *o = a * p;
+        }
+    }
+}
+
+/// The last, partial step of every activation, zero padded to 32.
+fn tails<const T: usize>(xs: &[&[f32]; T], from: usize) -> [[f32; STEP]; T] {
+    let mut xb = [[0f32; STEP]; T];
+    for (b, x) in xb.iter_mut().zip(xs) {
+        b[..x.len() - from].copy_from_slice(&x[from..]);
+    }
+    xb
+}
+
+/// AVX2: per step and row, four decoded vectors; each pair accumulates in one register
+/// (the activations are loaded as FMA memory operands, so `R·T` accumulators plus four
+/// weight vectors stay within the 16 registers for the shapes `matrix` uses). A partial
+/// last step goes through zero-padded stack copies.
+///
+/// # Safety
+/// The CPU supports [`Kernel::Avx2`]; every `xs[j].len() == d.cols()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn fused_avx2<D: RowsAvx2, const R: usize, const T: usize>(
+    d: &D,
+    xs: &[&[f32]; T],
+    out: &mut [[f32; T]; R],
+) {
+    let n = d.cols();
+    let full = n / STEP;
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    for blk in 0..full {
+        let k = blk * STEP;
+        for (i, acc_i) in acc.iter_mut().enumerate() {
+            let w = d.load_avx2(i, blk);
+            for (a, x) in acc_i.iter_mut().zip(xs) {
+                let p = x.as_ptr().add(k);
+                let mut s = *a;
+                for (v, wv) in w.iter().enumerate() {
+                    s = _mm256_fmadd_ps(*wv, _mm256_loadu_ps(p.add(8 * v)), s);
+                }
+                *a = s;
+            }
+        }
+    }
+    if full * STEP < n {
+        let xb = tails(xs, full * STEP);
+        let mut wb = [0f32; STEP];
+        for (i, acc_i) in acc.iter_mut().enumerate() {
+            d.decode32(i, full, &mut wb);
+            for (a, x) in acc_i.iter_mut().zip(&xb) {
+                let mut s = *a;
+                for v in 0..4 {
+                    let wv = _mm256_loadu_ps(wb.as_ptr().add(8 * v));
+                    s = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(8 * v)), s);
+                }
+                *a = s;
+            }
+        }
+    }
+    for (i, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
+        let p = d.post(i);
+        for (o, a) in o.iter_mut().zip(a) {
+            *o = hsum256(*a) * p;
+        }
+    }
+}
+
+/// Horizontal sum of 8 lanes (fixed order: halves, then pairs).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn hsum256(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// AVX-512: per step, the `R` rows are decoded first (two 16-lane vectors each), then each
+/// activation is loaded once and meets the `R` rows: `2R` decoded vectors, `R·T`
+/// accumulators and two activation vectors fit the 32 registers for `R, T ≤ 4`, and
+/// activations are loaded once per `R` rows (register blocking, as in a GEMM
+/// micro-kernel) rather than once per FMA.
+///
+/// # Safety
+/// The CPU supports [`Kernel::Avx512`]; every `xs[j].len() == d.cols()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn fused_avx512<D: RowsAvx512, const R: usize, const T: usize>(
+    d: &D,
+    xs: &[&[f32]; T],
+    out: &mut [[f32; T]; R],
+) {
+    let n = d.cols();
+    let full = n / STEP;
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let mut w = [[_mm512_setzero_ps(); 2]; R];
+    for blk in 0..full {
+        let k = blk * STEP;
+        for (i, w) in w.iter_mut().enumerate() {
+            *w = d.load_avx512(i, blk);
+        }
+        for (j, x) in xs.iter().enumerate() {
+            let p = x.as_ptr().add(k);
+            let (x0, x1) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+            for (acc_i, w) in acc.iter_mut().zip(&w) {
+                let s = _mm512_fmadd_ps(w[0], x0, acc_i[j]);
+                acc_i[j] = _mm512_fmadd_ps(w[1], x1, s);
+            }
+        }
+    }
+    if full * STEP < n {
+        let xb = tails(xs, full * STEP);
+        let mut wb = [0f32; STEP];
+        for (i, w) in w.iter_mut().enumerate() {
+            d.decode32(i, full, &mut wb);
+            *w = [
+                _mm512_loadu_ps(wb.as_ptr()),
+                _mm512_loadu_ps(wb.as_ptr().add(16)),
+            ];
+        }
+        for (j, x) in xb.iter().enumerate() {
+            let (x0, x1) = (
+                _mm512_loadu_ps(x.as_ptr()),
+                _mm512_loadu_ps(x.as_ptr().add(16)),
+            );
+            for (acc_i, w) in acc.iter_mut().zip(&w) {
+                let s = _mm512_fmadd_ps(w[0], x0, acc_i[j]);
+                acc_i[j] = _mm512_fmadd_ps(w[1], x1, s);
+            }
+        }
+    }
+    for (i, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
+        let p = d.post(i);
+        for (o, a) in o.iter_mut().zip(a) {
+            *o = _mm512_reduce_add_ps(*a) * p;
+        }
+    }
+}
+
+/// f16 bits to f32 with F16C (exact).
+///
+/// # Safety
+/// The CPU supports F16C.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn h2f(bits: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// The little-endian u16 at `b[at..at + 2]`.
+#[inline(always)]
+pub(crate) fn le16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+/// f16 bits to f32 (portable, exact).
+#[inline(always)]
+pub(crate) fn h2f_scalar(bits: u16) -> f32 {
+    half::f16::from_bits(bits).to_f32()
+}
+
+// ---- quantized activations (the `Fast` path) ---------------------------------------------
+//
+// Activations are quantized per group of 32 to int8 with an f32 scale, `x ≈ xq·d`,
+// `d = absmax/127`, codes rounded to nearest: each activation moves by at most `d/2`.
+// A weight group then needs one integer dot product (exact in i32) and one f32
+// multiply-add: `y = post · Σ_g (dot_g · scale_g) · d_g`.
+
+/// Element order of the quantized activations within a group, matched to the weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ActOrder {
+    /// Elements 0..32 (`q8` codes are stored in this order).
+    Natural,
+    /// Even elements, then odd ones: the order of "low nibbles, then high nibbles" of a
+    /// `q4` group, so the weights need no re-interleaving.
+    NibblePairs,
+}
+
+/// Activations `[t, cols]` quantized for the integer kernels; reused across calls.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct QuantizedActs {
+    /// Groups per token (`ceil(cols / 32)`); the last group is zero padded.
+    groups: usize,
+    /// `[t, groups·32]` codes in `-127..=127`.
+    q: Vec<i8>,
+    /// `[t, groups]` scales.
+    d: Vec<f32>,
+}
+
+/// One token of [`QuantizedActs`].
+#[derive(Clone, Copy)]
+pub(crate) struct QToken<'a> {
+    pub q: &'a [i8],
+    pub d: &'a [f32],
+}
+
+impl QuantizedActs {
+    /// Quantizes `x` (`[t, cols]`), multiplied elementwise by the f16 column field `col`
+    /// first when given (`q8_2f`: `Σ q·col·x = Σ q·(col·x)`).
+    pub fn fill(&mut self, x: &[f32], t: usize, cols: usize, col: Option<&[u8]>, order: ActOrder) {
+        let groups = cols.div_ceil(STEP);
+        self.groups = groups;
+        self.q.clear();
+        self.q.resize(t * groups * STEP, 0);
+        self.d.clear();
+        self.d.resize(t * groups, 0.0);
+        let mut buf = [0f32; STEP];
+        for j in 0..t {
+            let xr = &x[j * cols..(j + 1) * cols];
+            for g in 0..groups {
+                let k = g * STEP;
+                let n = STEP.min(cols - k);
+                buf.fill(0.0);
+                buf[..n].copy_from_slice(&xr[k..k + n]);
+                if let Some(col) = col {
+                    for (e, v) in buf[..n].iter_mut().enumerate() {
+                        *v *= h2f_scalar(le16(col, 2 * (k + e)));
+                    }
+                }
+                let amax = buf.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let at = j * groups + g;
+                let q = &mut self.q[at * STEP..(at + 1) * STEP];
+                if amax > 0.0 {
+                    self.d[at] = amax / 127.0;
+                    let inv = 127.0 / amax;
+                    for (e, v) in buf.iter().enumerate() {
+                        // Round to nearest even by the 1.5·2²³ trick (|v·inv| ≤ 127), which
+                        // vectorises where `round_ties_even` would be a libm call.
+                        let r = (v * inv + 12_582_912.0) - 12_582_912.0;
+                        let p = match order {
+                            ActOrder::Natural => e,
+                            ActOrder::NibblePairs => e / 2 + (e % 2) * 16,
+                        };
+                        q[p] = r.clamp(-127.0, 127.0) as i8;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Token `j`.
+    pub fn token(&self, j: usize) -> QToken<'_> {
+        let g = self.groups;
+        QToken {
+            q: &self.q[j * g * STEP..(j + 1) * g * STEP],
+            d: &self.d[j * g..(j + 1) * g],
+        }
+    }
+}
+
+/// `R` weight rows as the integer kernels see them.
+pub(crate) trait IntRowsScalar {
+    /// `q4` layouts: a scale per group (`q8`: per row, in [`IntRowsScalar::int_post`]).
+    const GROUP_SCALES: bool;
+    fn cols(&self) -> usize;
+    /// Signed codes of group `blk` of row `i` in the activation order (`q8`: `q`, zero
+    /// padded past `cols`; `q4`: `nibble − 8`, low nibbles then high ones).
+    fn codes32(&self, i: usize, blk: usize, out: &mut [i8; STEP]);
+    /// Scale of group `blk` of row `i` (`q4`); 1 for `q8`, whose scale is per row.
+    fn group_scale(&self, i: usize, blk: usize) -> f32;
+    /// Factor of row `i`'s finished sum (`q8`: the row scale).
+    fn int_post(&self, i: usize) -> f32;
+}
+
+/// SIMD loads of a whole group for the integer kernels.
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait IntRowsSimd: IntRowsScalar {
+    /// The 32 signed codes of [`IntRowsScalar::codes32`] (`q4`: `nibble − 8`, low
+    /// nibbles first).
+    ///
+    /// # Safety
+    /// The CPU supports AVX2; `blk < cols / 32`, `i < R`.
+    unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i;
+
+    /// [`IntRowsScalar::group_scale`], free to use F16C.
+    ///
+    /// # Safety
+    /// As [`IntRowsSimd::load_u8`].
+    #[inline(always)]
+    unsafe fn group_scale_simd(&self, i: usize, blk: usize) -> f32 {
+        self.group_scale(i, blk)
+    }
+}
+
+/// Everything an integer row block must implement on this target.
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait IntRows: IntRowsSimd {}
+#[cfg(target_arch = "x86_64")]
+impl<D: IntRowsSimd> IntRows for D {}
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) trait IntRows: IntRowsScalar {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<D: IntRowsScalar> IntRows for D {}
+
+/// Whether the CPU has AVX-512 VNNI (`vpdpbusd` on 256-bit registers).
+#[cfg(target_arch = "x86_64")]
+fn has_vnni() -> bool {
+    is_x86_feature_detected!("avx512vnni")
+}
+
+/// `out[i][j] = row_i · token_j` with quantized activations.
+#[inline]
+pub(crate) fn run_int<D: IntRows, const R: usize, const T: usize>(
+    k: Kernel,
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+) {
+    let groups = d.cols().div_ceil(STEP);
+    for x in xs {
+        assert!(x.q.len() == groups * STEP && x.d.len() == groups);
+    }
+    match k {
+        // SAFETY: the kernel is available (see `run`), VNNI was just detected, and the
+        // activation lengths were checked above.
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 if has_vnni() => unsafe { int_avx::<D, R, T, true>(d, xs, out) },
+        // SAFETY: AVX-512 implies AVX2 here (`Kernel::Avx512.is_available()` checks it).
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 | Kernel::Avx2 => unsafe { int_avx::<D, R, T, false>(d, xs, out) },
+        _ => int_scalar::<D, R, T>(d, xs, out),
+    }
+}
+
+/// The scalar reference of the integer kernels.
+pub(crate) fn int_scalar<D: IntRowsScalar, const R: usize, const T: usize>(
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+) {
+    let mut acc = [[0f32; T]; R];
+    let mut c = [0i8; STEP];
+    for blk in 0..d.cols().div_ceil(STEP) {
+        for (i, acc_i) in acc.iter_mut().enumerate() {
+            d.codes32(i, blk, &mut c);
+            let s = d.group_scale(i, blk);
+            for (a, x) in acc_i.iter_mut().zip(xs) {
+                let q = &x.q[blk * STEP..(blk + 1) * STEP];
+                let dot: i32 = c.iter().zip(q).map(|(&w, &v)| w as i32 * v as i32).sum();
+                *a += dot as f32 * s * x.d[blk];
+            }
+        }
+    }
+    for (i, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
+        let p = d.int_post(i);
+        for (o, a) in o.iter_mut().zip(a) {
+            *o = a * p;
+        }
+    }
+}
+
+/// AVX2 / AVX-512 VNNI integer kernel, 8 lanes, one group per step. The rows of a step
+/// are loaded first, then each token's codes meet the `R` rows.
+///
+/// The instructions multiply unsigned by signed bytes, so `Σ c·xq = Σ |c|·sign(xq, c)`
+/// puts the weight codes `c` (`q8`: `q`; `q4`: `nibble − 8`) in the unsigned operand:
+/// `|−128|` fits a u8, and `−xq` cannot overflow as `|xq| ≤ 127`. (Using unsigned nibbles
+/// and subtracting `8·Σxq` would save an op, but the lanes would then carry large
+/// cancelling values whose f32 rounding no longer scales with `Σ|w·x|`.) The products
+/// are `vpdpbusd` (VNNI) or `vpmaddubsw` + `vpmaddwd` (AVX2; a pair of u8·i8 products is
+/// at most 2·128·127 < 2¹⁵, so the i16 step never saturates). Lane sums stay below 2²⁴,
+/// so their conversion to f32 is exact.
+///
+/// # Safety
+/// The CPU supports AVX2 + FMA + F16C, and AVX-512 F/BW/VL/VNNI when `VNNI`; the token
+/// lengths match `d` (checked by [`run_int`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn int_avx_vnni_target<D: IntRowsSimd, const R: usize, const T: usize>(
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+) {
+    int_body::<D, R, T, true>(d, xs, out)
+}
+
+/// See [`int_avx_vnni_target`].
+///
+/// # Safety
+/// As [`int_avx_vnni_target`] without VNNI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn int_avx2_target<D: IntRowsSimd, const R: usize, const T: usize>(
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+) {
+    int_body::<D, R, T, false>(d, xs, out)
+}
+
+/// Dispatch to the two target-feature instantiations.
+///
+/// # Safety
+/// See [`int_avx_vnni_target`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn int_avx<D: IntRowsSimd, const R: usize, const T: usize, const VNNI: bool>(
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+) {
+    if VNNI {
+        int_avx_vnni_target::<D, R, T>(d, xs, out)
+    } else {
+        int_avx2_target::<D, R, T>(d, xs, out)
+    }
+}
+
+/// The body of the integer kernels; inlined into a target-feature function.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn int_body<D: IntRowsSimd, const R: usize, const T: usize, const VNNI: bool>(
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+) {
+    let n = d.cols();
+    let full = n / STEP;
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut raw = [_mm256_setzero_si256(); R];
+    for blk in 0..full {
+        for (i, r) in raw.iter_mut().enumerate() {
+            *r = d.load_u8(i, blk);
+        }
+        int_step::<D, R, T, VNNI>(d, xs, blk, &raw, &mut acc);
+    }
+    if full * STEP < n {
+        // A partial last group (`q8` only: `q4` rows are whole groups), outside the loop
+        // so that its call does not force the accumulators out of registers.
+        for (i, r) in raw.iter_mut().enumerate() {
+            let mut c = [0i8; STEP];
+            d.codes32(i, full, &mut c);
+            *r = _mm256_loadu_si256(c.as_ptr() as *const __m256i);
+        }
+        int_step::<D, R, T, VNNI>(d, xs, full, &raw, &mut acc);
+    }
+    for (i, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
+        let p = d.int_post(i);
+        for (o, a) in o.iter_mut().zip(a) {
+            *o = hsum256(*a) * p;
+        }
+    }
+}
+
+/// One group of the integer kernels: codes `raw` of the `R` rows against the `T` tokens.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn int_step<D: IntRowsSimd, const R: usize, const T: usize, const VNNI: bool>(
+    d: &D,
+    xs: &[QToken; T],
+    blk: usize,
+    raw: &[__m256i; R],
+    acc: &mut [[__m256; T]; R],
+) {
+    let mut u = [_mm256_setzero_si256(); R];
+    let mut ws = [_mm256_set1_ps(1.0); R];
+    for i in 0..R {
+        u[i] = _mm256_abs_epi8(raw[i]);
+        if D::GROUP_SCALES {
+            ws[i] = _mm256_set1_ps(d.group_scale_simd(i, blk));
+        }
+    }
+    for (j, x) in xs.iter().enumerate() {
+        // In bounds: `run_int` checked `q.len() = groups·32`, `d.len() = groups`.
+        let xq = _mm256_loadu_si256(x.q.as_ptr().add(blk * STEP) as *const __m256i);
+        let dj = _mm256_set1_ps(*x.d.get_unchecked(blk));
+        for i in 0..R {
+            let v = _mm256_sign_epi8(xq, raw[i]);
+            let dot = if VNNI {
+                _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[i], v)
+            } else {
+                _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], v), _mm256_set1_epi16(1))
+            };
+            let mut f = _mm256_cvtepi32_ps(dot);
+            if D::GROUP_SCALES {
+                f = _mm256_mul_ps(f, ws[i]);
+            }
+            acc[i][j] = _mm256_fmadd_ps(f, dj, acc[i][j]);
+        }
+    }
+}

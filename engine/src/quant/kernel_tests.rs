@@ -1,0 +1,509 @@
+//! Tests of the row-dot kernels and of `matrix`: every writable dtype, every kernel this
+//! CPU runs, shapes with tails (rows not a multiple of a block or chunk, cols not a
+//! multiple of 32 where the dtype allows it), against `decode` + an f64 product.
+//!
+//! Tolerance. The kernels use each weight exactly as `decode` yields it (a `q8` row scale
+//! is applied after the sum, but `q·scale` and `q·col` are exact in f32, so the terms are
+//! the same), and differ from the exact dot only by f32 rounding of the products and the
+//! sum. A sum of `n` terms accumulated in lanes (each lane sequentially, then a reduction
+//! tree) is within `γ_m·Σ|w·x|` of the exact value, `γ_m ≈ m·2⁻²⁴`, with `m` at most
+//! `n + 2` (one lane: the scalar reference; the SIMD lanes have `n/8` or `n/16` terms plus
+//! 3–4 reduction levels), plus one rounding for the scale. Hence [`tolerance`]:
+//! `(n + 4)·2⁻²⁴·Σ|w·x|` (+ a subnormal floor). It is rigorous, so a pass is never luck,
+//! and it is tight enough to fail when a single term is lost or doubled (checked by
+//! `tolerance_catches_one_wrong_term`).
+//!
+//! The `Fast` path (activations quantized per group of 32, `d = absmax/127`, codes
+//! rounded to nearest) moves each activation by at most `d/2`, so its error against the
+//! exact product is at most `Σ|w|·d/2` on top of the f32 rounding: [`fast_bound`].
+
+use super::kernel::Kernel;
+use super::matrix::{matmul, matmul_with, matvec, matvec_with, Matrix, Precision};
+use super::*;
+use crate::format::dtype::WRITABLE;
+
+/// Deterministic xorshift64* stream.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    /// Roughly normal (sum of four uniforms).
+    fn normal(&mut self) -> f32 {
+        (self.unit() + self.unit() + self.unit() + self.unit()) * 0.87
+    }
+}
+
+/// Weights with per-row magnitudes over five decades, a zero row, zero stretches (whole
+/// zero groups) and a few large outliers (for the overlay codecs).
+fn weights(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
+    let mut rng = Rng(seed | 1);
+    let mut v = Vec::with_capacity(rows * cols);
+    for r in 0..rows {
+        let mag = 10f32.powf(rng.unit() * 2.5 - 0.5);
+        for c in 0..cols {
+            let w = if r == 1 || (c / 32) % 7 == 3 {
+                0.0
+            } else if rng.next().is_multiple_of(97) {
+                20.0 * mag * rng.unit()
+            } else {
+                mag * rng.normal()
+            };
+            v.push(w);
+        }
+    }
+    v
+}
+
+/// Activations: normal, some exact zeros.
+fn activations(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = Rng(seed ^ 0x9E37_79B9_7F4A_7C15);
+    (0..n)
+        .map(|_| {
+            if rng.next().is_multiple_of(11) {
+                0.0
+            } else {
+                rng.normal() * 2.0
+            }
+        })
+        .collect()
+}
+
+/// Shapes a dtype accepts, with tails everywhere it allows them.
+fn shapes(dtype: DType) -> Vec<Vec<u64>> {
+    let mut s: Vec<Vec<u64>> = vec![
+        vec![1, 32],
+        vec![5, 32],
+        vec![7, 64],
+        vec![9, 96],
+        vec![3, 2080],
+        vec![67, 2080],
+        vec![1027, 32],
+    ];
+    if !dtype.requires_cols_multiple_of_group() {
+        s.extend([
+            vec![6, 1],
+            vec![5, 7],
+            vec![9, 33],
+            vec![4, 45],
+            vec![13, 100],
+        ]);
+        s.push(vec![2, 2059]);
+    }
+    if !dtype.requires_2d() {
+        s.extend([vec![77], vec![], vec![2, 3, 40], vec![4, 0]]);
+    }
+    s
+}
+
+/// Rigorous bound on the f32 error of a dot product (see the module doc).
+fn tolerance(n: usize, abs_sum: f64) -> f64 {
+    (n as f64 + 4.0) * (f32::EPSILON as f64 / 2.0) * abs_sum + (n as f64 + 4.0) * 1e-44
+}
+
+/// Exact product of decoded `w` ([rows, cols]) and `x` ([t, cols]) in f64, with Σ|w·x|.
+fn reference(w: &[f32], rows: usize, cols: usize, x: &[f32], t: usize) -> Vec<(f64, f64)> {
+    let mut out = Vec::with_capacity(t * rows);
+    for i in 0..t {
+        for r in 0..rows {
+            let (mut s, mut a) = (0.0f64, 0.0f64);
+            for c in 0..cols {
+                let p = w[r * cols + c] as f64 * x[i * cols + c] as f64;
+                s += p;
+                a += p.abs();
+            }
+            out.push((s, a));
+        }
+    }
+    out
+}
+
+fn check(what: &str, got: &[f32], want: &[(f64, f64)], cols: usize) -> Result<(), String> {
+    assert_eq!(got.len(), want.len());
+    for (k, (&g, &(s, a))) in got.iter().zip(want).enumerate() {
+        let err = (g as f64 - s).abs();
+        if err.is_nan() || err > tolerance(cols, a) {
+            return Err(format!(
+                "{what}: entry {k}: got {g}, exact {s} (error {err:e} > tolerance {:e})",
+                tolerance(cols, a)
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn encoded(dtype: DType, shape: &[u64], seed: u64) -> (Vec<u8>, Vec<f32>, Geom) {
+    let g = geometry(dtype, shape).unwrap();
+    let v = weights(g.rows, g.cols, seed);
+    let opts = EncodeOptions {
+        outlier_fraction: Some(0.01),
+        ..Default::default()
+    };
+    let bytes = encode(dtype, shape, &v, &opts).unwrap();
+    let w = decode(dtype, shape, &bytes).unwrap();
+    (bytes, w, g)
+}
+
+#[test]
+fn matvec_matches_decode_for_every_dtype_kernel_and_shape() {
+    for dtype in WRITABLE {
+        for (si, shape) in shapes(dtype).iter().enumerate() {
+            let (bytes, w, g) = encoded(dtype, shape, 7 + si as u64);
+            let x = activations(g.cols, si as u64);
+            let want = reference(&w, g.rows, g.cols, &x, 1);
+            for k in Kernel::available() {
+                let mut m = Matrix::new(dtype, shape, &bytes).unwrap();
+                m.set_kernel(k).unwrap();
+                let mut y = vec![f32::NAN; g.rows];
+                matvec(&m, &bytes, &x, &mut y);
+                check(&format!("{dtype} {shape:?} {k:?}"), &y, &want, g.cols).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_is_t_matvecs_bit_for_bit() {
+    for dtype in WRITABLE {
+        for shape in [vec![5u64, 64], vec![13, 96], vec![6, 2080]] {
+            let (bytes, w, g) = encoded(dtype, &shape, 99);
+            for k in Kernel::available() {
+                let mut m = Matrix::new(dtype, &shape, &bytes).unwrap();
+                m.set_kernel(k).unwrap();
+                for t in [1usize, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 30] {
+                    let x = activations(t * g.cols, t as u64);
+                    let mut y = vec![f32::NAN; t * g.rows];
+                    matmul(&m, &bytes, &x, t, &mut y);
+                    let what = format!("{dtype} {shape:?} {k:?} t={t}");
+                    check(&what, &y, &reference(&w, g.rows, g.cols, &x, t), g.cols).unwrap();
+                    for i in 0..t {
+                        let mut yi = vec![f32::NAN; g.rows];
+                        matvec(&m, &bytes, &x[i * g.cols..(i + 1) * g.cols], &mut yi);
+                        let row = &y[i * g.rows..(i + 1) * g.rows];
+                        let same = row.iter().zip(&yi).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{what}: token {i}: {row:?} vs matvec {yi:?}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_with_many_tokens_and_an_odd_pool() {
+    // More tokens than one activation block (2080 cols → 32 tokens per block), rows not a
+    // multiple of the task chunk, and a 3-thread pool.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
+    for dtype in [DType::Q8Row, DType::Q4Block, DType::Vbit, DType::F16] {
+        let shape = [37u64, 2080];
+        let (bytes, w, g) = encoded(dtype, &shape, 5);
+        let m = Matrix::new(dtype, &shape, &bytes).unwrap();
+        let t = 71;
+        let x = activations(t * g.cols, 3);
+        let mut y = vec![f32::NAN; t * g.rows];
+        pool.install(|| matmul(&m, &bytes, &x, t, &mut y));
+        check(
+            &format!("{dtype} t={t}"),
+            &y,
+            &reference(&w, g.rows, g.cols, &x, t),
+            g.cols,
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn simd_kernels_agree_with_the_scalar_reference() {
+    // Both are within `tolerance` of the exact value, so within twice of each other; this
+    // compares them directly on the hot dtypes, entry by entry.
+    for dtype in WRITABLE {
+        for shape in [vec![9u64, 96], vec![11, 2080]] {
+            let (bytes, w, g) = encoded(dtype, &shape, 3);
+            let x = activations(g.cols, 1);
+            let abs = reference(&w, g.rows, g.cols, &x, 1);
+            let mut scalar = Matrix::new(dtype, &shape, &bytes).unwrap();
+            scalar.set_kernel(Kernel::Scalar).unwrap();
+            let mut ys = vec![0.0; g.rows];
+            matvec(&scalar, &bytes, &x, &mut ys);
+            for k in Kernel::available() {
+                let mut m = scalar.clone();
+                m.set_kernel(k).unwrap();
+                let mut y = vec![0.0; g.rows];
+                matvec(&m, &bytes, &x, &mut y);
+                for r in 0..g.rows {
+                    let d = (y[r] as f64 - ys[r] as f64).abs();
+                    let tol = 2.0 * tolerance(g.cols, abs[r].1);
+                    assert!(d <= tol, "{dtype} {k:?} row {r}: {} vs {}", y[r], ys[r]);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn tolerance_catches_one_wrong_term() {
+    // The check must fail when the product is off by one weight: drop, in the reference,
+    // the term of the largest |w·x| of each row.
+    let shape = [8u64, 2080];
+    let (bytes, mut w, g) = encoded(DType::Q8Row, &shape, 11);
+    let x = activations(g.cols, 2);
+    let m = Matrix::new(DType::Q8Row, &shape, &bytes).unwrap();
+    let mut y = vec![0.0; g.rows];
+    matvec(&m, &bytes, &x, &mut y);
+    check("intact", &y, &reference(&w, g.rows, g.cols, &x, 1), g.cols).unwrap();
+    for r in 0..g.rows {
+        let row = &mut w[r * g.cols..(r + 1) * g.cols];
+        if let Some(c) = (0..g.cols)
+            .filter(|&c| row[c] != 0.0 && x[c] != 0.0)
+            .max_by(|&a, &b| (row[a] * x[a]).abs().total_cmp(&(row[b] * x[b]).abs()))
+        {
+            row[c] = 0.0;
+        }
+    }
+    let want = reference(&w, g.rows, g.cols, &x, 1);
+    let caught = (0..g.rows)
+        .filter(|&r| check("damaged", &y[r..r + 1], &want[r..r + 1], g.cols).is_err())
+        .count();
+    // Row 1 is all zeros (nothing to drop); every other row must be caught.
+    assert_eq!(caught, g.rows - 1);
+}
+
+#[test]
+fn rows_decode_like_decode() {
+    for dtype in WRITABLE {
+        for shape in [vec![7u64, 96], vec![3, 2080]] {
+            let (bytes, w, g) = encoded(dtype, &shape, 17);
+            let m = Matrix::new(dtype, &shape, &bytes).unwrap();
+            let mut row = vec![0.0; g.cols];
+            for r in 0..g.rows {
+                m.row(&bytes, r, &mut row);
+                assert_eq!(row, w[r * g.cols..(r + 1) * g.cols], "{dtype} row {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn q1s_duplicate_overlay_entries_later_wins_in_products() {
+    // Two entries for flat index 40 (row 1, col 8): the later one (3.0) wins.
+    let v = vec![0.5f32; 64];
+    let mut b = encode(DType::Q1, &[2, 32], &v, &EncodeOptions::default()).unwrap();
+    b.extend_from_slice(&2u32.to_le_bytes());
+    for (idx, val) in [(40u32, -7.0f32), (40, 3.0)] {
+        b.extend_from_slice(&idx.to_le_bytes());
+        b.extend_from_slice(&half::f16::from_f32(val).to_le_bytes());
+    }
+    let w = decode(DType::Q1s, &[2, 32], &b).unwrap();
+    assert_eq!(w[40], 3.0);
+    let m = Matrix::new(DType::Q1s, &[2, 32], &b).unwrap();
+    let x = vec![1.0f32; 32];
+    let mut y = vec![0.0; 2];
+    matvec(&m, &b, &x, &mut y);
+    assert_eq!(y, [16.0, 15.5 + 3.0]);
+}
+
+/// Dtypes with an integer (`Fast`) kernel.
+const FAST: [DType; 5] = [
+    DType::Q8Row,
+    DType::Q8_2f,
+    DType::Q4Block,
+    DType::Q4Tiled,
+    DType::Q4tp,
+];
+
+/// What the `Fast` path multiplies: weights `w'` and activations `v` with `Σ w'·v` the
+/// exact product. For `q8_2f`, `w' = q·scale` (read from the payload) and `v = col·x` in
+/// f32 (the column field is folded into the activations); otherwise the decoded weights
+/// and `x`.
+fn fast_operands(
+    dtype: DType,
+    g: Geom,
+    bytes: &[u8],
+    w: &[f32],
+    x: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    if dtype != DType::Q8_2f {
+        return (w.to_vec(), x.to_vec());
+    }
+    let l = q8::Q8Layout::new(g);
+    let col: Vec<f32> = (0..g.cols)
+        .map(|c| rd_f16(bytes, l.col_field + 2 * c).unwrap())
+        .collect();
+    let mut wq = Vec::with_capacity(g.numel);
+    for r in 0..g.rows {
+        let s = rd_f16(bytes, l.scales + 2 * r).unwrap();
+        wq.extend((0..g.cols).map(|c| bytes[r * g.cols + c] as i8 as f32 * s));
+    }
+    let t = x.len() / g.cols.max(1);
+    let v = (0..t * g.cols).map(|k| x[k] * col[k % g.cols]).collect();
+    (wq, v)
+}
+
+/// Per entry of `W'·V` (`v` is `[t, cols]`): the exact value, and the bound on the `Fast`
+/// error: `Σ_k |w'_k|·d_k/2` (quantization, `d` the group's `absmax/127`, with a little
+/// slack for the f32 `v·(127/absmax)`) plus the f32 [`tolerance`] of a sum of
+/// `Σ|w'|·(|v| + d/2)` (the magnitude of the terms the kernel adds).
+fn fast_bound(w: &[f32], rows: usize, cols: usize, v: &[f32], t: usize) -> Vec<(f64, f64)> {
+    let mut out = Vec::with_capacity(t * rows);
+    for j in 0..t {
+        let x = &v[j * cols..(j + 1) * cols];
+        let d: Vec<f64> = x
+            .chunks(32)
+            .map(|g| g.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0)
+            .collect();
+        for r in 0..rows {
+            let wr = &w[r * cols..(r + 1) * cols];
+            let (mut exact, mut quant, mut mag) = (0f64, 0f64, 0f64);
+            for c in 0..cols {
+                let (a, b, h) = (wr[c] as f64, x[c] as f64, d[c / 32] / 2.0);
+                exact += a * b;
+                quant += a.abs() * h * (1.0 + 1e-6);
+                mag += a.abs() * (b.abs() + h);
+            }
+            out.push((exact, quant + tolerance(cols, mag)));
+        }
+    }
+    out
+}
+
+fn fast_shapes(dtype: DType) -> Vec<Vec<u64>> {
+    let mut s = vec![
+        vec![1u64, 32],
+        vec![5, 64],
+        vec![9, 96],
+        vec![67, 2080],
+        vec![6, 4096],
+    ];
+    if !dtype.requires_cols_multiple_of_group() {
+        s.extend([vec![5, 7], vec![9, 33], vec![13, 100], vec![3, 2059]]);
+    }
+    s
+}
+
+#[test]
+fn fast_path_is_within_the_activation_quantization_bound() {
+    for dtype in FAST {
+        for (si, shape) in fast_shapes(dtype).iter().enumerate() {
+            let (bytes, w, g) = encoded(dtype, shape, 40 + si as u64);
+            let x = activations(g.cols, 70 + si as u64);
+            let (wq, v) = fast_operands(dtype, g, &bytes, &w, &x);
+            let want = fast_bound(&wq, g.rows, g.cols, &v, 1);
+            for k in Kernel::available() {
+                let mut m = Matrix::new(dtype, shape, &bytes).unwrap();
+                m.set_kernel(k).unwrap();
+                let mut y = vec![f32::NAN; g.rows];
+                matvec_with(&m, &bytes, &x, &mut y, Precision::Fast);
+                for (r, (&yv, &(e, b))) in y.iter().zip(&want).enumerate() {
+                    let err = (yv as f64 - e).abs();
+                    assert!(
+                        err <= b,
+                        "{dtype} {shape:?} {k:?} row {r}: {yv} vs {e} (err {err:e} > {b:e})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fast_path_bound_is_tight_enough_to_fail() {
+    // Activations rounded to 4 bits per group (`absmax/7`) instead of 8 must break the
+    // bound: the check has teeth. (The bound is a worst case, linear in `cols`, while
+    // random rounding errors grow like its square root, so this uses one group per row.)
+    let shape = [16u64, 32];
+    let (_, w, g) = encoded(DType::Q8Row, &shape, 1);
+    let x = activations(g.cols, 9);
+    let want = fast_bound(&w, g.rows, g.cols, &x, 1);
+    let d = x.iter().fold(0f32, |m, v| m.max(v.abs())) / 7.0;
+    let coarse: Vec<f32> = x.iter().map(|v| (v / d).round() * d).collect();
+    let got = reference(&w, g.rows, g.cols, &coarse, 1);
+    let broken = (0..g.rows)
+        .filter(|&r| (got[r].0 - want[r].0).abs() > want[r].1)
+        .count();
+    assert!(
+        broken > 0,
+        "4-bit activations should exceed the 8-bit bound"
+    );
+}
+
+#[test]
+fn fast_simd_agrees_with_fast_scalar_and_matmul_is_t_matvecs() {
+    for dtype in FAST {
+        for shape in [vec![13u64, 96], vec![6, 2080], vec![5, 33]] {
+            if dtype.requires_cols_multiple_of_group() && shape[1] % 32 != 0 {
+                continue;
+            }
+            let (bytes, w, g) = encoded(dtype, &shape, 23);
+            let mut scalar = Matrix::new(dtype, &shape, &bytes).unwrap();
+            scalar.set_kernel(Kernel::Scalar).unwrap();
+            for t in [1usize, 2, 3, 5, 8, 9] {
+                let x = activations(t * g.cols, 100 + t as u64);
+                let (wq, v) = fast_operands(dtype, g, &bytes, &w, &x);
+                let bound = fast_bound(&wq, g.rows, g.cols, &v, t);
+                let mut ys = vec![0.0; t * g.rows];
+                matmul_with(&scalar, &bytes, &x, t, &mut ys, Precision::Fast);
+                for k in Kernel::available() {
+                    let mut m = scalar.clone();
+                    m.set_kernel(k).unwrap();
+                    let mut y = vec![f32::NAN; t * g.rows];
+                    matmul_with(&m, &bytes, &x, t, &mut y, Precision::Fast);
+                    // Both compute the same exact integer group sums; they differ only in
+                    // the f32 order of the per-group terms (magnitude ≤ the bound's).
+                    let groups = g.cols.div_ceil(32);
+                    for (e, (&a, &b)) in y.iter().zip(&ys).enumerate() {
+                        let mag = bound[e].1 + bound[e].0.abs();
+                        let tol = 2.0 * tolerance(groups + 8, mag * 4.0);
+                        assert!(
+                            (a as f64 - b as f64).abs() <= tol,
+                            "{dtype} {shape:?} {k:?} t={t} entry {e}: {a} vs scalar {b}"
+                        );
+                    }
+                    for i in 0..t {
+                        let mut yi = vec![f32::NAN; g.rows];
+                        let xi = &x[i * g.cols..(i + 1) * g.cols];
+                        matvec_with(&m, &bytes, xi, &mut yi, Precision::Fast);
+                        let row = &y[i * g.rows..(i + 1) * g.rows];
+                        let same = row.iter().zip(&yi).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{dtype} {k:?} t={t} token {i}: {row:?} vs {yi:?}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fast_falls_back_to_exact_without_an_integer_kernel() {
+    for dtype in [
+        DType::F32,
+        DType::Bf16,
+        DType::Vbit,
+        DType::Q1t,
+        DType::Q4Block,
+    ] {
+        // q4_block with cols % 32 != 0 has no integer kernel either.
+        let shape = if dtype == DType::Q4Block {
+            vec![5u64, 40]
+        } else {
+            vec![5, 64]
+        };
+        let (bytes, _, g) = encoded(dtype, &shape, 2);
+        let m = Matrix::new(dtype, &shape, &bytes).unwrap();
+        let x = activations(3 * g.cols, 4);
+        let (mut a, mut b) = (vec![0.0; 3 * g.rows], vec![0.0; 3 * g.rows]);
+        matmul(&m, &bytes, &x, 3, &mut a);
+        matmul_with(&m, &bytes, &x, 3, &mut b, Precision::Fast);
+        assert_eq!(a, b, "{dtype}");
+    }
+}
