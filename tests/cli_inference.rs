@@ -29,7 +29,10 @@ fn f32s(st: &SafeTensors, name: &str) -> Vec<f32> {
 }
 
 fn reference_ids() -> (Vec<u32>, Vec<f32>) {
-    let bytes = std::fs::read(common::shared("fixtures/cmf/qwen3-q8.reference.safetensors")).unwrap();
+    let bytes = std::fs::read(common::shared(
+        "fixtures/cmf/qwen3-q8.reference.safetensors",
+    ))
+    .unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let t = st.tensor("input_ids").unwrap();
     let ids = match t.dtype() {
@@ -64,7 +67,16 @@ fn logits_match_the_reference_and_hidden_states_have_their_shape() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("l.safetensors");
     let (ids, want) = reference_ids();
-    let o = run!("logits", model(), "--ids", csv(&ids), "--out", out, "--hidden", "--json");
+    let o = run!(
+        "logits",
+        model(),
+        "--ids",
+        csv(&ids),
+        "--out",
+        out,
+        "--hidden",
+        "--json"
+    );
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(json(&o)["tokens"], ids.len());
     let bytes = std::fs::read(&out).unwrap();
@@ -79,7 +91,10 @@ fn logits_match_the_reference_and_hidden_states_have_their_shape() {
         .fold(0f32, f32::max);
     assert!(worst <= 1e-3 * (1.0 + max_ref), "max |Δ| {worst}");
     // [L+1, T, H] for 4 layers of 64.
-    assert_eq!(st.tensor("hidden_states").unwrap().shape(), [5, ids.len(), 64]);
+    assert_eq!(
+        st.tensor("hidden_states").unwrap().shape(),
+        [5, ids.len(), 64]
+    );
     // The output is never the input.
     let o = run!("logits", model(), "--ids", "1,2", "--out", model());
     assert_eq!(code(&o), 2, "{}", stderr(&o));
@@ -92,7 +107,12 @@ fn ppl_is_the_mean_nll_of_the_logits() {
     let o = run!("ppl", model(), "--ids", csv(&ids), "--json");
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let j = json(&o);
-    let nll: Vec<f64> = j["nll"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let nll: Vec<f64> = j["nll"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
     assert_eq!(nll.len(), ids.len() - 1);
     let mean = nll.iter().sum::<f64>() / nll.len() as f64;
     assert!((j["ppl"].as_f64().unwrap() - mean.exp()).abs() < 1e-9);
@@ -105,9 +125,18 @@ fn ppl_is_the_mean_nll_of_the_logits() {
     for i in [0, 7, ids.len() - 2] {
         let row = &logits[i * 512..(i + 1) * 512];
         let max = row.iter().fold(f32::MIN, |m, &v| m.max(v)) as f64;
-        let lse = max + row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+        let lse = max
+            + row
+                .iter()
+                .map(|&v| (v as f64 - max).exp())
+                .sum::<f64>()
+                .ln();
         let want = lse - row[ids[i + 1] as usize] as f64;
-        assert!((nll[i] - want).abs() < 1e-4, "position {i}: {} vs {want}", nll[i]);
+        assert!(
+            (nll[i] - want).abs() < 1e-4,
+            "position {i}: {} vs {want}",
+            nll[i]
+        );
     }
     // Windows: a context of 8 scores 32 tokens in 4 windows, each first token unscored.
     let o = run!("ppl", model(), "--ids", csv(&ids), "--ctx", "8", "--json");
@@ -130,7 +159,10 @@ fn run_generates_deterministically_and_reports_stats() {
         let mut args = vec!["run".to_string(), model().display().to_string()];
         args.extend(["--ids", &csv(&ids[..8]), "--max-tokens", "6", "--json"].map(String::from));
         args.extend(extra.iter().map(|s| s.to_string()));
-        let o = assert_cmd::cargo::cargo_bin_cmd!("cortiq").args(&args).output().unwrap();
+        let o = assert_cmd::cargo::cargo_bin_cmd!("cortiq")
+            .args(&args)
+            .output()
+            .unwrap();
         assert_eq!(code(&o), 0, "{}", stderr(&o));
         json(&o)
     };
@@ -144,17 +176,53 @@ fn run_generates_deterministically_and_reports_stats() {
     assert_eq!(stats["generated_tokens"], n);
     assert!(stats["decode_tok_s"].as_f64().is_some());
     // Sampling: the same seed repeats itself.
-    let s1 = greedy(&["--seed", "1", "--temperature", "1.5", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--ignore-eos"]);
-    let s2 = greedy(&["--seed", "1", "--temperature", "1.5", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--ignore-eos"]);
+    let s1 = greedy(&[
+        "--seed",
+        "1",
+        "--temperature",
+        "1.5",
+        "--top-k",
+        "0",
+        "--top-p",
+        "1",
+        "--min-p",
+        "0",
+        "--ignore-eos",
+    ]);
+    let s2 = greedy(&[
+        "--seed",
+        "1",
+        "--temperature",
+        "1.5",
+        "--top-k",
+        "0",
+        "--top-p",
+        "1",
+        "--min-p",
+        "0",
+        "--ignore-eos",
+    ]);
     assert_eq!(s1["ids"], s2["ids"]);
     assert_eq!(ids_of(&s1["ids"]).len(), 6);
     assert_eq!(s1["stats"]["stop"], "max_tokens");
     // A prompt through the template and tokenizer: text is the decoded answer.
-    let o = run!("run", model(), "--prompt", "Hello", "--greedy", "--max-tokens", "5", "--json");
+    let o = run!(
+        "run",
+        model(),
+        "--prompt",
+        "Hello",
+        "--greedy",
+        "--max-tokens",
+        "5",
+        "--json"
+    );
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let j = json(&o);
     assert!(j["text"].is_string());
-    assert!(j["stats"]["prompt_tokens"].as_u64().unwrap() > 5, "the template adds the system turn");
+    assert!(
+        j["stats"]["prompt_tokens"].as_u64().unwrap() > 5,
+        "the template adds the system turn"
+    );
 }
 
 #[test]
@@ -177,7 +245,19 @@ fn chat_reads_turns_from_stdin_and_keeps_history() {
 
 #[test]
 fn bench_reports_the_design_keys() {
-    let o = run!("bench", model(), "--prompt-tokens", "16", "--tokens", "4", "--repeat", "1", "--threads", "1", "--json");
+    let o = run!(
+        "bench",
+        model(),
+        "--prompt-tokens",
+        "16",
+        "--tokens",
+        "4",
+        "--repeat",
+        "1",
+        "--threads",
+        "1",
+        "--json"
+    );
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let j = json(&o);
     for k in ["prefill_tok_s", "decode_tok_s", "ttft_s", "peak_rss_bytes"] {
@@ -191,13 +271,33 @@ fn bad_input_gets_a_clear_error_and_exit_code() {
     let o = run!("run", model(), "--ids", "1,x", "--json");
     assert_eq!(code(&o), 2);
     assert_eq!(json(&o)["error"]["kind"], "Usage");
-    let o = run!("logits", model(), "--ids", "1,99999", "--out", "/tmp/never-written.safetensors");
+    let o = run!(
+        "logits",
+        model(),
+        "--ids",
+        "1,99999",
+        "--out",
+        "/tmp/never-written.safetensors"
+    );
     assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert!(stderr(&o).contains("outside the vocabulary"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("outside the vocabulary"),
+        "{}",
+        stderr(&o)
+    );
     // A model the engine cannot run yet (experts) says which layer and why.
-    let o = run!("run", common::shared("fixtures/cmf/qwen3_moe-q8.cmf"), "--ids", "1", "--json");
+    let o = run!(
+        "run",
+        common::shared("fixtures/cmf/qwen3_moe-q8.cmf"),
+        "--ids",
+        "1",
+        "--json"
+    );
     assert_eq!(code(&o), 1);
-    assert!(json(&o)["error"]["message"].as_str().unwrap().contains("mixture-of-experts"));
+    assert!(json(&o)["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("mixture-of-experts"));
     // A flipped weight byte is caught before it can change an answer.
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.cmf");
@@ -212,14 +312,41 @@ fn bad_input_gets_a_clear_error_and_exit_code() {
     let at = (data["offset"].as_u64().unwrap() + data["length"].as_u64().unwrap() / 2) as usize;
     bytes[at] ^= 0x40;
     std::fs::write(&bad, &bytes).unwrap();
-    let o = run!("run", bad, "--ids", "1,2", "--greedy", "--max-tokens", "1", "--json");
+    let o = run!(
+        "run",
+        bad,
+        "--ids",
+        "1,2",
+        "--greedy",
+        "--max-tokens",
+        "1",
+        "--json"
+    );
     assert_eq!(code(&o), 1, "{}", stderr(&o));
     assert_eq!(json(&o)["error"]["kind"], "Integrity");
     assert!(stderr(&o).contains("tensor model."), "{}", stderr(&o));
-    let o = run!("run", bad, "--ids", "1,2", "--greedy", "--max-tokens", "1", "--json", "--no-verify");
+    let o = run!(
+        "run",
+        bad,
+        "--ids",
+        "1,2",
+        "--greedy",
+        "--max-tokens",
+        "1",
+        "--json",
+        "--no-verify"
+    );
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     // A Gemma 3 file without its sliding window is run with a warning, not silently.
-    let o = run!("run", common::shared("fixtures/cmf/gemma3-q8.cmf"), "--ids", "1,2", "--max-tokens", "1", "--greedy");
+    let o = run!(
+        "run",
+        common::shared("fixtures/cmf/gemma3-q8.cmf"),
+        "--ids",
+        "1,2",
+        "--max-tokens",
+        "1",
+        "--greedy"
+    );
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert!(stderr(&o).contains("sliding_window"), "{}", stderr(&o));
     // Wrong flags.

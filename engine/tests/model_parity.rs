@@ -96,12 +96,25 @@ pub fn check_logits(what: &str, model: &Model, r: &Reference) -> Vec<f32> {
     let mut ws = model.new_workspace(t);
     let mut hidden = Vec::new();
     model
-        .forward(&r.input_ids, &mut cache, &mut ws, Logits::All, Some(&mut hidden))
+        .forward(
+            &r.input_ids,
+            &mut cache,
+            &mut ws,
+            Logits::All,
+            Some(&mut hidden),
+        )
         .unwrap();
     let v = model.config.vocab;
     for i in 0..t {
-        let (g, w) = (&ws.logits[i * v..(i + 1) * v], &r.logits[i * v..(i + 1) * v]);
-        assert_eq!(argmax(g), argmax(w), "{what}: argmax differs at position {i}");
+        let (g, w) = (
+            &ws.logits[i * v..(i + 1) * v],
+            &r.logits[i * v..(i + 1) * v],
+        );
+        assert_eq!(
+            argmax(g),
+            argmax(w),
+            "{what}: argmax differs at position {i}"
+        );
     }
     close(&format!("{what} logits"), &ws.logits, &r.logits);
     hidden
@@ -117,7 +130,9 @@ fn convert_f32(family: &str, dir: &Path) -> Model {
 fn hf_family(family: &str) {
     let dir = tempfile::tempdir().unwrap();
     let model = convert_f32(family, dir.path());
-    let r = reference(&common::fixture(&format!("hf/{family}/reference.safetensors")));
+    let r = reference(&common::fixture(&format!(
+        "hf/{family}/reference.safetensors"
+    )));
     let hidden = check_logits(family, &model, &r);
     // Hidden states layer by layer, so that a failure names the first diverging layer.
     let want = r.hidden.expect("hidden_states");
@@ -141,7 +156,9 @@ fn hf_family(family: &str) {
     for _ in 0..greedy.len() {
         let id = next.unwrap();
         got.push(id);
-        model.forward(&[id], &mut cache, &mut ws, Logits::Last, None).unwrap();
+        model
+            .forward(&[id], &mut cache, &mut ws, Logits::Last, None)
+            .unwrap();
         next = Some(argmax(&ws.logits) as u32);
     }
     assert_eq!(got, greedy, "{family}: greedy continuation");
@@ -177,13 +194,22 @@ fn llama_gguf_source() {
 fn reference_file(stem: &str) {
     let path = common::fixture(&format!("cmf/{stem}.cmf"));
     let model = Model::load(Arc::new(CmfModel::open(&path).unwrap())).unwrap();
-    let r = reference(&common::fixture(&format!("cmf/{stem}.reference.safetensors")));
+    let r = reference(&common::fixture(&format!(
+        "cmf/{stem}.reference.safetensors"
+    )));
     check_logits(stem, &model, &r);
 }
 
 #[test]
 fn reference_files_of_every_dtype() {
-    for stem in ["qwen3-q8", "qwen3-q4", "qwen3-q8_2f", "qwen3-vbit", "qwen3-q4tp", "qwen3-q1t"] {
+    for stem in [
+        "qwen3-q8",
+        "qwen3-q4",
+        "qwen3-q8_2f",
+        "qwen3-vbit",
+        "qwen3-q4tp",
+        "qwen3-q1t",
+    ] {
         reference_file(stem);
     }
 }
@@ -225,7 +251,12 @@ fn gguf_imports_of_every_quant_type() {
         })
         .collect();
     stems.sort();
-    assert_eq!(stems.len(), 14, "expected the 14 GGUF fixtures in {}", gguf.display());
+    assert_eq!(
+        stems.len(),
+        14,
+        "expected the 14 GGUF fixtures in {}",
+        gguf.display()
+    );
     for stem in stems {
         let out = dir.path().join(format!("{stem}.cmf"));
         import_gguf(
@@ -276,7 +307,9 @@ fn session_generates_the_reference_continuation_and_reuses_its_prefix() {
         max_tokens: 4,
         ..params.clone()
     };
-    let (a, stats) = session.generate(&prompt2, &short, None, &mut |_| {}).unwrap();
+    let (a, stats) = session
+        .generate(&prompt2, &short, None, &mut |_| {})
+        .unwrap();
     assert_eq!(stats.reused_tokens, r.input_ids.len() + greedy.len() - 1);
     let mut fresh = Session::new(model.clone(), 256);
     let (b, _) = fresh.generate(&prompt2, &short, None, &mut |_| {}).unwrap();
@@ -287,8 +320,13 @@ fn session_generates_the_reference_continuation_and_reuses_its_prefix() {
         stop_ids: vec![greedy[2]],
         ..params.clone()
     };
-    let (c, stats) = fresh.generate(&r.input_ids, &stop, None, &mut |_| {}).unwrap();
-    assert_eq!(c, greedy[..=greedy.iter().position(|&t| t == greedy[2]).unwrap()]);
+    let (c, stats) = fresh
+        .generate(&r.input_ids, &stop, None, &mut |_| {})
+        .unwrap();
+    assert_eq!(
+        c,
+        greedy[..=greedy.iter().position(|&t| t == greedy[2]).unwrap()]
+    );
     assert_eq!(stats.stop, StopReason::Eos);
     let cancel = std::sync::atomic::AtomicBool::new(true);
     let (d, stats) = fresh
@@ -299,7 +337,9 @@ fn session_generates_the_reference_continuation_and_reuses_its_prefix() {
 
     // The context limit is reported, not overrun.
     let mut tiny = Session::new(model, 34);
-    let (e, stats) = tiny.generate(&r.input_ids, &params, None, &mut |_| {}).unwrap();
+    let (e, stats) = tiny
+        .generate(&r.input_ids, &params, None, &mut |_| {})
+        .unwrap();
     assert_eq!(stats.stop, StopReason::ContextFull);
     assert_eq!(e.len(), 3);
     assert_eq!(e, greedy[..3]);

@@ -77,7 +77,13 @@ pub fn run(a: &Args) -> CmdResult {
     // Warm-up: page the weights in and size every buffer.
     cache.truncate(0);
     model
-        .forward(&prompt[..prompt.len().min(8)], &mut cache, &mut ws, Logits::Last, None)
+        .forward(
+            &prompt[..prompt.len().min(8)],
+            &mut cache,
+            &mut ws,
+            Logits::Last,
+            None,
+        )
         .map_err(err)?;
 
     let (mut prefill, mut decode, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
@@ -86,8 +92,14 @@ pub fn run(a: &Args) -> CmdResult {
         let t0 = Instant::now();
         let n = prompt.len().div_ceil(PREFILL_CHUNK);
         for (i, chunk) in prompt.chunks(PREFILL_CHUNK).enumerate() {
-            let want = if i + 1 == n { Logits::Last } else { Logits::None };
-            model.forward(chunk, &mut cache, &mut ws, want, None).map_err(err)?;
+            let want = if i + 1 == n {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            model
+                .forward(chunk, &mut cache, &mut ws, want, None)
+                .map_err(err)?;
         }
         let mut next = argmax(&ws.logits) as u32;
         let p = t0.elapsed().as_secs_f64();
@@ -95,7 +107,9 @@ pub fn run(a: &Args) -> CmdResult {
         ttft.push(p);
         let t1 = Instant::now();
         for _ in 0..a.tokens {
-            model.forward(&[next], &mut cache, &mut ws, Logits::Last, None).map_err(err)?;
+            model
+                .forward(&[next], &mut cache, &mut ws, Logits::Last, None)
+                .map_err(err)?;
             next = argmax(&ws.logits) as u32;
         }
         decode.push(a.tokens as f64 / t1.elapsed().as_secs_f64());

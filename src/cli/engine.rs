@@ -75,7 +75,9 @@ pub fn init_threads(threads: Option<usize>) -> Result<(), CliError> {
             return Err(CliError::usage("--threads must be at least 1"));
         }
         // Only fails when the pool already exists (tests calling twice): keep it then.
-        let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global();
     }
     Ok(())
 }

@@ -23,6 +23,10 @@ pub struct Args {
     /// a codec name (q8, q4, q4t, q8_2f, vbit, f16, ...) re-encodes every 2-D tensor with it.
     #[arg(long, default_value = "keep")]
     pub quant: String,
+    /// `vbit`: mean code bits per weight, 3 to 8 (8 = every row at 8 bits with a scale
+    /// per group of 32, the precision of llama.cpp's Q8_0).
+    #[arg(long, value_name = "B")]
+    pub mean_bits: Option<f32>,
     /// One JSON document on stdout.
     #[arg(long)]
     pub json: bool,
@@ -47,6 +51,20 @@ pub fn run(args: &Args) -> CmdResult {
             args.quant
         ))
     })?;
+    let mut encode = cortiq_engine::quant::EncodeOptions::default();
+    if let Some(b) = args.mean_bits {
+        if mode != QuantMode::Codec(cortiq_engine::format::DType::Vbit)
+            && mode != QuantMode::Codec(cortiq_engine::format::DType::VbitRo)
+        {
+            return Err(CliError::usage("--mean-bits applies to --quant vbit only"));
+        }
+        if !(3.0..=8.0).contains(&b) {
+            return Err(CliError::usage(format!(
+                "--mean-bits must lie in [3, 8], got {b}"
+            )));
+        }
+        encode.mean_bits = Some(b);
+    }
     refuse_overwriting_input(&[&args.file], &args.output)?;
     let json = args.json;
     let mut print_row = |r: &TensorReport| {
@@ -67,8 +85,9 @@ pub fn run(args: &Args) -> CmdResult {
             ));
         }
     };
-    let report = gguf_import::import_gguf(&args.file, &args.output, mode, &mut print_row)
-        .map_err(|e| import_error(&args.file, e))?;
+    let report =
+        gguf_import::import_gguf_with(&args.file, &args.output, mode, &encode, &mut print_row)
+            .map_err(|e| import_error(&args.file, e))?;
     if json {
         print_json(&json!({
             "ok": true,

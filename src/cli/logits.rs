@@ -19,7 +19,12 @@ pub struct Args {
     #[arg(long, value_name = "1,2,3")]
     pub ids: String,
     /// Output safetensors file: `input_ids` i32 [T], `logits` f32 [T, V].
-    #[arg(short = 'o', long = "out", alias = "output", value_name = "OUT.safetensors")]
+    #[arg(
+        short = 'o',
+        long = "out",
+        alias = "output",
+        value_name = "OUT.safetensors"
+    )]
     pub out: PathBuf,
     /// Also write `hidden_states` f32 [L+1, T, H].
     #[arg(long)]
@@ -53,8 +58,14 @@ pub fn run(a: &Args) -> CmdResult {
         TensorView::new(dtype, shape, data).map_err(|e| CliError::io(format!("safetensors: {e}")))
     }
     let mut tensors = vec![
-        ("input_ids".to_string(), view(Dtype::I32, vec![t], &ids_bytes)?),
-        ("logits".to_string(), view(Dtype::F32, vec![t, c.vocab], &logit_bytes)?),
+        (
+            "input_ids".to_string(),
+            view(Dtype::I32, vec![t], &ids_bytes)?,
+        ),
+        (
+            "logits".to_string(),
+            view(Dtype::F32, vec![t, c.vocab], &logit_bytes)?,
+        ),
     ];
     if let Some(hb) = &hidden_bytes {
         tensors.push((

@@ -18,7 +18,12 @@ pub struct Args {
     pub model: ModelArgs,
     /// UTF-8 text to score, tokenized with the file's tokenizer (special tokens as the
     /// tokenizer adds them, e.g. a BOS).
-    #[arg(long, value_name = "FILE", conflicts_with = "ids", required_unless_present = "ids")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with = "ids",
+        required_unless_present = "ids"
+    )]
     pub text_file: Option<PathBuf>,
     /// Token ids to score, comma-separated.
     #[arg(long, value_name = "1,2,3")]
@@ -61,7 +66,12 @@ pub fn run(a: &Args) -> CmdResult {
         ));
     }
     let c = &model.config;
-    let window = a.model.ctx.unwrap_or(c.max_positions).min(c.max_positions).max(2);
+    let window = a
+        .model
+        .ctx
+        .unwrap_or(c.max_positions)
+        .min(c.max_positions)
+        .max(2);
     let mut cache = model.new_cache(window);
     let mut ws = model.new_workspace(PREFILL_CHUNK);
     let mut nlls = Vec::with_capacity(ids.len() - 1);

@@ -179,7 +179,16 @@ pub fn run(a: &Args) -> CmdResult {
             tok.encode(&rendered, a.raw).map_err(|e| chat_error(a, e))?
         };
         let stream = !a.json;
-        let (ids, text, stats) = answer(a, &bundle, &mut session, &prompt_ids, &params, &cancel, &generating, stream)?;
+        let (ids, text, stats) = answer(
+            a,
+            &bundle,
+            &mut session,
+            &prompt_ids,
+            &params,
+            &cancel,
+            &generating,
+            stream,
+        )?;
         if a.json {
             print_json(&json!({ "ids": ids, "text": text, "stats": stats }))?;
         } else {
@@ -249,8 +258,16 @@ pub fn run(a: &Args) -> CmdResult {
             messages.pop();
             continue;
         }
-        let (_, answer_text, stats) =
-            answer(a, &bundle, &mut session, &prompt_ids, &params, &cancel, &generating, true)?;
+        let (_, answer_text, stats) = answer(
+            a,
+            &bundle,
+            &mut session,
+            &prompt_ids,
+            &params,
+            &cancel,
+            &generating,
+            true,
+        )?;
         emit("\n")?;
         if a.stats || stats.stop != cortiq_engine::runtime::session::StopReason::Eos {
             eprintln!("{}", stats_line(&stats));

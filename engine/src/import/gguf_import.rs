@@ -449,6 +449,17 @@ pub fn import_gguf(
     mode: QuantMode,
     on_tensor: &mut dyn FnMut(&TensorReport),
 ) -> Result<ImportReport> {
+    import_gguf_with(src, out, mode, &EncodeOptions::default(), on_tensor)
+}
+
+/// [`import_gguf`] with encoder options for the re-encoded tensors (`--mean-bits`).
+pub fn import_gguf_with(
+    src: &Path,
+    out: &Path,
+    mode: QuantMode,
+    encode: &EncodeOptions,
+    on_tensor: &mut dyn FnMut(&TensorReport),
+) -> Result<ImportReport> {
     let file = GgufFile::open(src)?;
     let g = &file.gguf;
     let arch = arch_from_metadata(g)?;
@@ -517,7 +528,7 @@ pub fn import_gguf(
                 _ => raw,
             }
         } else {
-            quant::encode(dtype, &m.shape, &values, &EncodeOptions::default()).map_err(enc)?
+            quant::encode(dtype, &m.shape, &values, encode).map_err(enc)?
         };
         // The error report decodes row by row: a whole second f32 copy of a large
         // embedding would double the import's peak memory.

@@ -114,11 +114,13 @@ impl Attention {
                 .enumerate()
                 .for_each(|(hq, o)| head(0, hq, o));
         } else {
-            att.par_chunks_mut(nq * hd).enumerate().for_each(|(i, row)| {
-                for (hq, o) in row.chunks_exact_mut(hd).enumerate() {
-                    head(i, hq, o);
-                }
-            });
+            att.par_chunks_mut(nq * hd)
+                .enumerate()
+                .for_each(|(i, row)| {
+                    for (hq, o) in row.chunks_exact_mut(hd).enumerate() {
+                        head(i, hq, o);
+                    }
+                });
         }
         self.o_proj.forward(att, t, out);
     }

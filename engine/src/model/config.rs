@@ -133,7 +133,11 @@ fn rope_scaling(extra: &Map<String, Value>, max_pos: usize) -> Result<RopeScalin
                     0.1 * m * scale.ln() + 1.0
                 }
             };
-            let attention_factor = match (num("attention_factor"), num("mscale"), num("mscale_all_dim")) {
+            let attention_factor = match (
+                num("attention_factor"),
+                num("mscale"),
+                num("mscale_all_dim"),
+            ) {
                 (Some(a), _, _) => a,
                 (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
                     get_mscale(factor, m) / get_mscale(factor, all)
@@ -173,7 +177,12 @@ impl ModelConfig {
         let head_dim = match a.head_dim {
             Some(d) => positive("head_dim", Some(d))?,
             None if hidden % n_heads == 0 => hidden / n_heads,
-            None => return Err(bad("head_dim", "missing and hidden_size / heads is not whole")),
+            None => {
+                return Err(bad(
+                    "head_dim",
+                    "missing and hidden_size / heads is not whole",
+                ))
+            }
         };
         let layer_kinds = match &a.layer_types {
             Some(lt) => {
@@ -204,15 +213,13 @@ impl ModelConfig {
             Some("gelu") => Activation::Gelu,
             Some(other) => return Err(ModelError::Unsupported(format!("hidden_act {other:?}"))),
         };
-        let sliding_window = match x.get("sliding_window") {
-            Some(Value::Number(n)) => Some(
-                n.as_u64()
-                    .filter(|&w| w > 0)
-                    .ok_or_else(|| bad("sliding_window", format!("{n} is not a positive integer")))?
-                    as usize,
-            ),
-            _ => None,
-        };
+        let sliding_window =
+            match x.get("sliding_window") {
+                Some(Value::Number(n)) => Some(n.as_u64().filter(|&w| w > 0).ok_or_else(|| {
+                    bad("sliding_window", format!("{n} is not a positive integer"))
+                })? as usize),
+                _ => None,
+            };
         let softcap = |k: &str| f64_of(x, k).filter(|c| *c > 0.0).map(|c| c as f32);
         let eps = a.rms_norm_eps.unwrap_or(1e-6);
         if !(eps.is_finite() && eps > 0.0) {
@@ -224,7 +231,10 @@ impl ModelConfig {
         }
         let partial_rotary = a.partial_rotary_factor.unwrap_or(1.0);
         if !(partial_rotary > 0.0 && partial_rotary <= 1.0) {
-            return Err(bad("partial_rotary_factor", format!("{partial_rotary} is not in (0, 1]")));
+            return Err(bad(
+                "partial_rotary_factor",
+                format!("{partial_rotary} is not in (0, 1]"),
+            ));
         }
         Ok(ModelConfig {
             hidden,

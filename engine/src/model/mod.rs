@@ -172,7 +172,11 @@ impl Model {
         let f = &file;
         let has = |n: &str| f.get(n).is_some();
         let norm = |n: &str, len: usize| -> Result<RmsNorm, ModelError> {
-            Ok(RmsNorm::new(decode_vector(f, n, len)?, c.eps, c.zero_centred_norm))
+            Ok(RmsNorm::new(
+                decode_vector(f, n, len)?,
+                c.eps,
+                c.zero_centred_norm,
+            ))
         };
         let linear = |n: &str, out: usize, inp: usize, bias: bool| -> Result<Linear, ModelError> {
             let mut l = Linear::load(f, &format!("{n}.weight"), out, inp)?;
@@ -233,8 +237,12 @@ impl Model {
                 k_proj: linear(&format!("{p}.self_attn.k_proj"), c.n_kv_heads * hd, h, true)?,
                 v_proj: linear(&format!("{p}.self_attn.v_proj"), c.n_kv_heads * hd, h, true)?,
                 o_proj: linear(&format!("{p}.self_attn.o_proj"), h, c.n_heads * hd, true)?,
-                q_norm: has(&q_norm_name).then(|| norm(&q_norm_name, hd)).transpose()?,
-                k_norm: has(&k_norm_name).then(|| norm(&k_norm_name, hd)).transpose()?,
+                q_norm: has(&q_norm_name)
+                    .then(|| norm(&q_norm_name, hd))
+                    .transpose()?,
+                k_norm: has(&k_norm_name)
+                    .then(|| norm(&k_norm_name, hd))
+                    .transpose()?,
                 rope: Rope::new(theta, c.rotary_dim(), &scaling),
             };
             let pre_ff = format!("{p}.pre_feedforward_layernorm.weight");
@@ -258,7 +266,11 @@ impl Model {
         let final_norm = norm("model.norm.weight", h)?;
         let mut c = c;
         // The widest MLP decides the scratch size (intermediate_size may be absent).
-        c.intermediate = layers.iter().map(|l| l.mlp.gate.out_dim()).max().unwrap_or(0);
+        c.intermediate = layers
+            .iter()
+            .map(|l| l.mlp.gate.out_dim())
+            .max()
+            .unwrap_or(0);
         Ok(Model {
             warnings,
             norm: final_norm,
@@ -294,7 +306,11 @@ impl Model {
     ) -> Result<(), ModelError> {
         let c = &self.config;
         let t = tokens.len();
-        assert!(t <= ws.t_max, "forward of {t} tokens with a workspace for {}", ws.t_max);
+        assert!(
+            t <= ws.t_max,
+            "forward of {t} tokens with a workspace for {}",
+            ws.t_max
+        );
         let pos0 = cache.len;
         if pos0 + t > cache.capacity {
             return Err(ModelError::ContextFull {

@@ -123,7 +123,11 @@ impl Session {
         let rest = &prompt[common..];
         let n = rest.len().div_ceil(PREFILL_CHUNK);
         for (i, chunk) in rest.chunks(PREFILL_CHUNK).enumerate() {
-            let want = if i + 1 == n { Logits::Last } else { Logits::None };
+            let want = if i + 1 == n {
+                Logits::Last
+            } else {
+                Logits::None
+            };
             self.model
                 .forward(chunk, &mut self.cache, &mut self.ws, want, None)?;
             self.tokens.extend_from_slice(chunk);
