@@ -17,10 +17,17 @@
 //! once, never per call) and run the `f32` kernel over it; `vbit` row starts and the `q1s`
 //! overlay rows are indexed once by [`Matrix::new`], so every row costs O(row).
 //!
-//! Numerics: the exact path computes `Σ w·x` in f32 with the weights exactly as
-//! [`super::decode`] yields them (a per-row `q8` scale is applied after the sum); only the
-//! summation order differs from a naive dot. For one [`Kernel`], `matmul` gives bit for bit
-//! the values of `t` separate `matvec`s.
+//! Numerics: the exact path ([`Precision::Exact`], the default) computes `Σ w·x` in f32
+//! with the weights exactly as [`super::decode`] yields them (a per-row `q8` scale is
+//! applied after the sum); only the summation order differs from a naive dot.
+//! [`Precision::Fast`] ([`matvec_with`], [`matmul_with`]) quantizes the activations per
+//! group of 32 to int8 and uses integer dot products for the `q8` and `q4` dtypes. For one
+//! [`Kernel`] and precision, `matmul` gives bit for bit the values of `t` separate
+//! `matvec`s (prefill and decode agree exactly).
+//!
+//! Threads: rows are split over the current rayon pool; each task writes its own part of
+//! `y`, and nothing is allocated per call (the per-thread scratch rows and quantized
+//! activations are grown once and reused).
 
 use std::cell::RefCell;
 use std::ops::Range;
