@@ -422,8 +422,10 @@ fn matmul_impl(m: &Matrix, bytes: &[u8], acts: Acts, t: usize, y: &mut [f32]) {
     let row_bytes = (m.nbytes / m.rows).max(1);
     let by_cache = (256 << 10) / row_bytes;
     let by_balance = m.rows.div_ceil(4 * rayon::current_num_threads());
-    let chunk = by_cache.min(by_balance).next_multiple_of(BLOCK_ROWS);
-    let tok_block = ((256 << 10) / (4 * m.cols.max(1))).next_multiple_of(BLOCK_TOKENS);
+    let chunk = by_cache.min(by_balance).max(1).next_multiple_of(BLOCK_ROWS);
+    let tok_block = ((256 << 10) / (4 * m.cols.max(1)))
+        .max(1)
+        .next_multiple_of(BLOCK_TOKENS);
     let out = Out {
         ptr: y.as_mut_ptr(),
         len: y.len(),
