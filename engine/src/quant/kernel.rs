@@ -42,26 +42,14 @@ impl Kernel {
         }
     }
 
-    /// Whether this CPU can run the kernel.
+    /// Whether this CPU can run the kernel (detected once, then one atomic load).
     pub fn is_available(self) -> bool {
-        match self {
-            Kernel::Scalar => true,
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => {
-                is_x86_feature_detected!("avx2")
-                    && is_x86_feature_detected!("fma")
-                    && is_x86_feature_detected!("f16c")
-            }
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 => {
-                Kernel::Avx2.is_available()
-                    && is_x86_feature_detected!("avx512f")
-                    && is_x86_feature_detected!("avx512bw")
-                    && is_x86_feature_detected!("avx512vl")
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => false,
-        }
+        let bit = match self {
+            Kernel::Scalar => return true,
+            Kernel::Avx2 => F_AVX2,
+            Kernel::Avx512 => F_AVX512,
+        };
+        features() & bit != 0
     }
 
     /// Every kernel this CPU runs, scalar first.
@@ -71,6 +59,44 @@ impl Kernel {
             .filter(|k| k.is_available())
             .collect()
     }
+}
+
+const F_AVX2: u8 = 1;
+const F_AVX512: u8 = 2;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const F_VNNI: u8 = 4;
+const F_DETECTED: u8 = 128;
+
+/// The instruction sets of this CPU as bits, detected on first use.
+fn features() -> u8 {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    static CACHE: AtomicU8 = AtomicU8::new(0);
+    let f = CACHE.load(Ordering::Relaxed);
+    if f & F_DETECTED != 0 {
+        return f;
+    }
+    #[allow(unused_mut)]
+    let mut f = F_DETECTED;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
+            f |= F_AVX2;
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+            {
+                f |= F_AVX512;
+                if is_x86_feature_detected!("avx512vnni") {
+                    f |= F_VNNI;
+                }
+            }
+        }
+    }
+    CACHE.store(f, Ordering::Relaxed);
+    f
 }
 
 /// `R` weight rows as the scalar loop sees them.
@@ -127,13 +153,13 @@ pub(crate) fn run<D: Rows, const R: usize, const T: usize>(
         assert_eq!(x.len(), d.cols(), "activation length must equal cols");
     }
     match k {
-        // SAFETY: a `Matrix` only holds a kernel that `is_available()` on this CPU, and
-        // the activation lengths were checked just above.
+        // SAFETY: the CPU has the kernel's features (checked in the guard) and the
+        // activation lengths were checked just above.
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512 => unsafe { fused_avx512::<D, R, T>(d, xs, out) },
+        Kernel::Avx512 if k.is_available() => unsafe { fused_avx512::<D, R, T>(d, xs, out) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => unsafe { fused_avx2::<D, R, T>(d, xs, out) },
+        Kernel::Avx2 if k.is_available() => unsafe { fused_avx2::<D, R, T>(d, xs, out) },
         _ => fused_scalar::<D, R, T>(d, xs, out),
     }
 }
@@ -170,6 +196,7 @@ pub(crate) fn fused_scalar<D: RowsScalar, const R: usize, const T: usize>(
 }
 
 /// The last, partial step of every activation, zero padded to 32.
+#[cfg(target_arch = "x86_64")]
 fn tails<const T: usize>(xs: &[&[f32]; T], from: usize) -> [[f32; STEP]; T] {
     let mut xb = [[0f32; STEP]; T];
     for (b, x) in xb.iter_mut().zip(xs) {
@@ -459,10 +486,11 @@ pub(crate) trait IntRows: IntRowsScalar {}
 #[cfg(not(target_arch = "x86_64"))]
 impl<D: IntRowsScalar> IntRows for D {}
 
-/// Whether the CPU has AVX-512 VNNI (`vpdpbusd` on 256-bit registers).
+/// Whether the CPU runs [`Kernel::Avx512`] and has AVX-512 VNNI (`vpdpbusd` on 256-bit
+/// registers).
 #[cfg(target_arch = "x86_64")]
 fn has_vnni() -> bool {
-    is_x86_feature_detected!("avx512vnni")
+    features() & (F_AVX512 | F_VNNI) == F_AVX512 | F_VNNI
 }
 
 /// `out[i][j] = row_i · token_j` with quantized activations.
@@ -478,13 +506,15 @@ pub(crate) fn run_int<D: IntRows, const R: usize, const T: usize>(
         assert!(x.q.len() == groups * STEP && x.d.len() == groups);
     }
     match k {
-        // SAFETY: the kernel is available (see `run`), VNNI was just detected, and the
-        // activation lengths were checked above.
+        // SAFETY: AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C are present (checked in the
+        // guard), and the activation lengths were checked above.
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512 if has_vnni() => unsafe { int_avx::<D, R, T, true>(d, xs, out) },
-        // SAFETY: AVX-512 implies AVX2 here (`Kernel::Avx512.is_available()` checks it).
+        // SAFETY: AVX2/FMA/F16C are present (checked in the guard; `Avx512` implies them).
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512 | Kernel::Avx2 => unsafe { int_avx::<D, R, T, false>(d, xs, out) },
+        Kernel::Avx512 | Kernel::Avx2 if Kernel::Avx2.is_available() => unsafe {
+            int_avx::<D, R, T, false>(d, xs, out)
+        },
         _ => int_scalar::<D, R, T>(d, xs, out),
     }
 }

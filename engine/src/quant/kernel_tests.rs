@@ -224,6 +224,23 @@ fn matmul_with_many_tokens_and_an_odd_pool() {
 }
 
 #[test]
+fn rows_longer_than_the_cache_blocks() {
+    // 70 000 f32 columns: a row is larger than the 256 KiB that sizes task chunks and
+    // activation blocks (both must stay ≥ 1), and both products still agree.
+    for dtype in [DType::F32, DType::Q8Row] {
+        let shape = [3u64, 70_000];
+        let (bytes, w, g) = encoded(dtype, &shape, 8);
+        let m = Matrix::new(dtype, &shape, &bytes).unwrap();
+        let t = 3;
+        let x = activations(t * g.cols, 6);
+        let mut y = vec![f32::NAN; t * g.rows];
+        matmul(&m, &bytes, &x, t, &mut y);
+        let want = reference(&w, g.rows, g.cols, &x, t);
+        check(&format!("{dtype} long rows"), &y, &want, g.cols).unwrap();
+    }
+}
+
+#[test]
 fn simd_kernels_agree_with_the_scalar_reference() {
     // Both are within `tolerance` of the exact value, so within twice of each other; this
     // compares them directly on the hot dtypes, entry by entry.

@@ -17,10 +17,17 @@
 //! once, never per call) and run the `f32` kernel over it; `vbit` row starts and the `q1s`
 //! overlay rows are indexed once by [`Matrix::new`], so every row costs O(row).
 //!
-//! Numerics: the exact path computes `Σ w·x` in f32 with the weights exactly as
-//! [`super::decode`] yields them (a per-row `q8` scale is applied after the sum); only the
-//! summation order differs from a naive dot. For one [`Kernel`], `matmul` gives bit for bit
-//! the values of `t` separate `matvec`s.
+//! Numerics: the exact path ([`Precision::Exact`], the default) computes `Σ w·x` in f32
+//! with the weights exactly as [`super::decode`] yields them (a per-row `q8` scale is
+//! applied after the sum); only the summation order differs from a naive dot.
+//! [`Precision::Fast`] ([`matvec_with`], [`matmul_with`]) quantizes the activations per
+//! group of 32 to int8 and uses integer dot products for the `q8` and `q4` dtypes. For one
+//! [`Kernel`] and precision, `matmul` gives bit for bit the values of `t` separate
+//! `matvec`s (prefill and decode agree exactly).
+//!
+//! Threads: rows are split over the current rayon pool; each task writes its own part of
+//! `y`, and nothing is allocated per call (the per-thread scratch rows and quantized
+//! activations are grown once and reused).
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -415,8 +422,10 @@ fn matmul_impl(m: &Matrix, bytes: &[u8], acts: Acts, t: usize, y: &mut [f32]) {
     let row_bytes = (m.nbytes / m.rows).max(1);
     let by_cache = (256 << 10) / row_bytes;
     let by_balance = m.rows.div_ceil(4 * rayon::current_num_threads());
-    let chunk = by_cache.min(by_balance).next_multiple_of(BLOCK_ROWS);
-    let tok_block = ((256 << 10) / (4 * m.cols.max(1))).next_multiple_of(BLOCK_TOKENS);
+    let chunk = by_cache.min(by_balance).max(1).next_multiple_of(BLOCK_ROWS);
+    let tok_block = ((256 << 10) / (4 * m.cols.max(1)))
+        .max(1)
+        .next_multiple_of(BLOCK_TOKENS);
     let out = Out {
         ptr: y.as_mut_ptr(),
         len: y.len(),
