@@ -50,7 +50,7 @@ pub fn run(a: &Args) -> CmdResult {
         ));
     }
     let load_start = Instant::now();
-    let model = a.model.load()?;
+    let model = a.model.load_with(cortiq_engine::model::Precision::Fast)?;
     let load_s = load_start.elapsed().as_secs_f64();
     let c = &model.config;
     let need = a.prompt_tokens + a.tokens;
@@ -114,7 +114,7 @@ pub fn run(a: &Args) -> CmdResult {
         }
         decode.push(a.tokens as f64 / t1.elapsed().as_secs_f64());
     }
-    let threads = rayon::current_num_threads();
+    let threads = cortiq_engine::runtime::threads::threads();
     let dtypes = {
         let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
         for (_, e) in model.file.tensors() {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cortiq_engine::format::shards::CmfModel;
 use cortiq_engine::format::verify::{verify, LinkStatus, VerifyOptions};
-use cortiq_engine::model::{Model, ModelError};
+use cortiq_engine::model::{Model, ModelError, Precision};
 use serde_json::{Map, Value};
 
 use super::common::CliError;
@@ -28,6 +28,11 @@ pub struct ModelArgs {
     /// Skip the hash check of the weights at load.
     #[arg(long)]
     pub no_verify: bool,
+    /// Activations of the weight products: `exact` (f32, the parity path) or `fast`
+    /// (int8 per group of 32 into the integer kernels of q8/q4 weights). Default: `fast`
+    /// for `run` and `bench`, `exact` for `logits` and `ppl`.
+    #[arg(long, value_name = "exact|fast")]
+    pub precision: Option<String>,
 }
 
 /// `key=value` with the value read as JSON when it is valid JSON (`false`, `8`, `"x"`).
@@ -68,16 +73,18 @@ pub fn model_error(path: &Path, e: &ModelError) -> CliError {
     }
 }
 
-/// Sets the size of rayon's global pool once per process.
+/// Sets the size of the engine's pool and of rayon's global one (hash checks) once per
+/// process.
 pub fn init_threads(threads: Option<usize>) -> Result<(), CliError> {
     if let Some(n) = threads {
         if n == 0 {
             return Err(CliError::usage("--threads must be at least 1"));
         }
-        // Only fails when the pool already exists (tests calling twice): keep it then.
+        // Only fails when the pool already exists: keep it then.
         let _ = rayon::ThreadPoolBuilder::new()
             .num_threads(n)
             .build_global();
+        cortiq_engine::runtime::threads::set_threads(n).map_err(CliError::usage)?;
     }
     Ok(())
 }
@@ -92,8 +99,30 @@ impl ModelArgs {
         Ok(m)
     }
 
-    /// Opens, verifies and loads the model; loader warnings go to stderr.
+    /// Opens, verifies and loads the model with `--precision` (else `default`); loader
+    /// warnings go to stderr.
+    pub fn load_with(&self, default: Precision) -> Result<Arc<Model>, CliError> {
+        let precision = match self.precision.as_deref() {
+            None => default,
+            Some("exact") => Precision::Exact,
+            Some("fast") => Precision::Fast,
+            Some(other) => {
+                return Err(CliError::usage(format!(
+                    "--precision {other:?}: expected exact or fast"
+                )))
+            }
+        };
+        let mut model = self.load_model()?;
+        model.set_precision(precision);
+        Ok(Arc::new(model))
+    }
+
+    /// [`ModelArgs::load_with`] the exact path by default.
     pub fn load(&self) -> Result<Arc<Model>, CliError> {
+        self.load_with(Precision::Exact)
+    }
+
+    fn load_model(&self) -> Result<Model, CliError> {
         init_threads(self.threads)?;
         let overrides = self.overrides()?;
         if self.file.is_dir() {
@@ -143,7 +172,7 @@ impl ModelArgs {
         for w in &model.warnings {
             eprintln!("cortiq: warning: {w}");
         }
-        Ok(Arc::new(model))
+        Ok(model)
     }
 
     /// The session context: `--ctx`, or the model's maximum capped at 4096.

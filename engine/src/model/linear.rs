@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::ModelError;
 use crate::format::shards::CmfModel;
-use crate::quant::matrix::{self, Matrix};
+use crate::quant::matrix::{self, Matrix, Precision};
 
 /// `y = x·Wᵀ (+ b)` with `W` [out, in] read in place from the file.
 #[derive(Clone, Debug)]
@@ -15,6 +15,8 @@ pub struct Linear {
     shard: usize,
     range: std::ops::Range<usize>,
     pub bias: Option<Vec<f32>>,
+    /// How activations enter the product (exact f32, or int8 for speed).
+    pub precision: Precision,
 }
 
 impl Linear {
@@ -47,6 +49,7 @@ impl Linear {
             shard,
             range: start..start + bytes.len(),
             bias: None,
+            precision: Precision::Exact,
         })
     }
 
@@ -66,9 +69,9 @@ impl Linear {
     pub fn forward(&self, x: &[f32], t: usize, y: &mut [f32]) {
         let bytes = self.bytes();
         if t == 1 {
-            matrix::matvec(&self.m, bytes, x, y);
+            matrix::matvec_with(&self.m, bytes, x, y, self.precision);
         } else {
-            matrix::matmul(&self.m, bytes, x, t, y);
+            matrix::matmul_with(&self.m, bytes, x, t, y, self.precision);
         }
         if let Some(b) = &self.bias {
             for row in y.chunks_exact_mut(b.len()) {

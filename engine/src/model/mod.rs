@@ -23,6 +23,7 @@ use self::mlp::{Mlp, MlpScratch};
 use self::norm::RmsNorm;
 use self::rope::Rope;
 use crate::format::shards::CmfModel;
+pub use crate::quant::matrix::Precision;
 use crate::runtime::kv_cache::KvCache;
 
 /// Why a file cannot be run, or a forward refused.
@@ -283,6 +284,27 @@ impl Model {
         })
     }
 
+    /// Sets how every weight product takes its activations: [`Precision::Exact`] (the
+    /// default; f32, the parity path) or [`Precision::Fast`] (activations quantized to
+    /// int8 per group of 32 for the integer kernels of q8/q4 dtypes).
+    pub fn set_precision(&mut self, p: Precision) {
+        self.embed.precision = p;
+        self.lm_head.precision = p;
+        for l in &mut self.layers {
+            for lin in [
+                &mut l.attn.q_proj,
+                &mut l.attn.k_proj,
+                &mut l.attn.v_proj,
+                &mut l.attn.o_proj,
+                &mut l.mlp.gate,
+                &mut l.mlp.up,
+                &mut l.mlp.down,
+            ] {
+                lin.precision = p;
+            }
+        }
+    }
+
     pub fn new_cache(&self, capacity: usize) -> KvCache {
         let c = &self.config;
         KvCache::new(c.n_layers, capacity, c.n_kv_heads, c.head_dim)
@@ -297,6 +319,18 @@ impl Model {
     /// hidden states as transformers reports them: the embedding output, each layer's
     /// output but the last, and the final norm's output ([L+1] × [t, hidden]).
     pub fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        ws: &mut Workspace,
+        logits: Logits,
+        hidden: Option<&mut Vec<f32>>,
+    ) -> Result<(), ModelError> {
+        crate::runtime::threads::pool()
+            .install(|| self.forward_in_pool(tokens, cache, ws, logits, hidden))
+    }
+
+    fn forward_in_pool(
         &self,
         tokens: &[u32],
         cache: &mut KvCache,

@@ -466,6 +466,17 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
     /// The CPU supports AVX2; `blk < cols / 32`, `i < R`.
     unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i;
 
+    /// Asks the cache for what row `i` of the *next* row block needs at group `blk`.
+    /// Short rows (a few hundred bytes) end before the hardware prefetcher has learnt
+    /// their stream; matrix-vector products stream from DRAM and wait on every load
+    /// without this. Layouts whose next block is not at a fixed distance do nothing.
+    ///
+    /// # Safety
+    /// As [`IntRowsSimd::load_u8`] (the address may lie outside the payload: a prefetch
+    /// never faults).
+    #[inline(always)]
+    unsafe fn prefetch_next(&self, _i: usize, _blk: usize) {}
+
     /// [`IntRowsScalar::group_scale`], free to use F16C.
     ///
     /// # Safety
@@ -618,6 +629,9 @@ unsafe fn int_body<D: IntRowsSimd, const R: usize, const T: usize, const VNNI: b
     for blk in 0..full {
         for (i, r) in raw.iter_mut().enumerate() {
             *r = d.load_u8(i, blk);
+            if T == 1 {
+                d.prefetch_next(i, blk);
+            }
         }
         int_step::<D, R, T, VNNI>(d, xs, blk, &raw, &mut acc);
     }

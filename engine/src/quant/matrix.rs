@@ -319,9 +319,13 @@ pub fn matvec_with(m: &Matrix, bytes: &[u8], x: &[f32], y: &mut [f32], p: Precis
 }
 
 fn matvec_impl(m: &Matrix, bytes: &[u8], acts: Acts, y: &mut [f32]) {
-    // Enough work per chunk to amortise a task (~32k weights), in whole blocks.
+    // Enough work per chunk to amortise a task (~32k weights), and otherwise as few
+    // chunks as keep every thread busy (two per thread, for balance): a chunk is one
+    // sequential stream through memory, and each new stream costs prefetcher warm-up.
+    let balanced = m.rows.div_ceil(2 * rayon::current_num_threads().max(1));
     let chunk = 32768usize
         .div_ceil(m.cols.max(1))
+        .max(balanced)
         .next_multiple_of(BLOCK_ROWS)
         .min(m.rows.next_multiple_of(BLOCK_ROWS));
     y.par_chunks_mut(chunk)

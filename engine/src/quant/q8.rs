@@ -378,6 +378,15 @@ mod simd {
                 self.codes[i][blk * STEP..(blk + 1) * STEP].as_ptr() as *const __m256i
             )
         }
+
+        /// Rows are contiguous: the next block's row `i` is `R·cols` bytes further.
+        #[inline(always)]
+        unsafe fn prefetch_next(&self, i: usize, blk: usize) {
+            let p = self.codes[i]
+                .as_ptr()
+                .wrapping_add(blk * STEP + R * self.cols);
+            _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+        }
     }
 
     /// Codes: sign-extend bytes to i32 and convert (`vpmovsxbd`, `vcvtdq2ps`); `q8_2f`

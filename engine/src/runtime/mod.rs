@@ -4,3 +4,4 @@
 pub mod kv_cache;
 pub mod sampler;
 pub mod session;
+pub mod threads;
