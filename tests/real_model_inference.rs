@@ -136,7 +136,7 @@ fn ppl_of(file: &Path, text_ids: &[u32]) -> f64 {
     j["ppl"].as_f64().expect("ppl")
 }
 
-fn check(gguf: &str, dir: &str, system: Option<&str>, question: &str) {
+fn check(gguf: &str, dir: &str, system: Option<&str>, question: &str, fast_contract: bool) {
     let fx = Fixture::load(dir);
     let src = model(gguf);
     let tmp = tempfile::tempdir().unwrap();
@@ -275,6 +275,9 @@ fn check(gguf: &str, dir: &str, system: Option<&str>, question: &str) {
             off.abs() < bound,
             "{gguf}: {quant} ppl {ppl} vs {reference_ppl}"
         );
+        if quant == "q8_row" {
+            fast_against_exact(gguf, &file, &text_ids, tmp.path(), fast_contract);
+        }
         drop(std::fs::remove_file(&file));
     }
 }
@@ -286,6 +289,7 @@ fn smollm2_answers_and_scores_like_the_reference() {
         "smollm2",
         Some("You are a helpful AI assistant named SmolLM, trained by Hugging Face"),
         "What is the capital of France?",
+        false,
     );
 }
 
@@ -296,5 +300,72 @@ fn qwen25coder_answers_and_scores_like_the_reference() {
         "qwen25coder",
         None,
         "Write a Python function that reverses a string.",
+        true,
     );
+}
+
+/// `--precision fast` (int8 activations) against the exact path over the passage:
+/// DESIGN.md's contract (argmax agreement ≥ 97%, mean KL ≤ 1e-3) where `contract`;
+/// SmolLM2's activation outliers miss it (96%, 1.8e-2), so it only gets a sanity bound.
+fn fast_against_exact(gguf: &str, file: &Path, ids: &[u32], dir: &Path, contract: bool) {
+    let logits = |precision: &str| {
+        let out = dir.join(format!("{precision}.safetensors"));
+        let o = assert_cmd::cargo::cargo_bin_cmd!("cortiq")
+            .arg("logits")
+            .arg(file)
+            .args(["--ids", &csv(ids), "--precision", precision, "--out"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let bytes = std::fs::read(&out).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let t = st.tensor("logits").unwrap();
+        let v = t.shape()[1];
+        let data: Vec<f32> = t
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        (data, v)
+    };
+    let ((a, v), (b, _)) = (logits("exact"), logits("fast"));
+    let argmax = |x: &[f32]| {
+        x.iter()
+            .enumerate()
+            .fold((0, f32::MIN), |m, (i, &y)| if y > m.1 { (i, y) } else { m })
+            .0
+    };
+    let lse = |x: &[f32]| {
+        let m = x.iter().fold(f32::MIN, |m, &y| m.max(y)) as f64;
+        m + x.iter().map(|&y| (y as f64 - m).exp()).sum::<f64>().ln()
+    };
+    let t = a.len() / v;
+    let (mut agree, mut kl) = (0usize, 0f64);
+    for i in 0..t {
+        let (p, q) = (&a[i * v..(i + 1) * v], &b[i * v..(i + 1) * v]);
+        agree += (argmax(p) == argmax(q)) as usize;
+        let (lp, lq) = (lse(p), lse(q));
+        kl += p
+            .iter()
+            .zip(q)
+            .map(|(&x, &y)| {
+                let l = x as f64 - lp;
+                l.exp() * (l - (y as f64 - lq))
+            })
+            .sum::<f64>();
+    }
+    let (agreement, kl) = (agree as f64 / t as f64, kl / t as f64);
+    eprintln!("{gguf}: q8_row fast vs exact: argmax agreement {agreement:.3}, mean KL {kl:.2e}");
+    if contract {
+        assert!(
+            agreement >= 0.97 && kl <= 1e-3,
+            "{gguf}: the fast path misses the contract"
+        );
+    } else {
+        assert!(
+            agreement >= 0.9 && kl <= 0.05,
+            "{gguf}: the fast path is far from the exact one"
+        );
+    }
 }

@@ -349,3 +349,64 @@ fn session_generates_the_reference_continuation_and_reuses_its_prefix() {
         Err(cortiq_engine::model::ModelError::ContextFull { .. })
     ));
 }
+
+/// Quantized activations (`--precision fast`) against the exact path. DESIGN.md asks
+/// argmax agreement on ≥ 97% of positions and mean KL ≤ 1e-3 nats where activations are
+/// quantized; these random-weight fixtures, with their perturbed norms, have activation
+/// outliers that int8 groups of 32 cannot hold to that (94% and 7e-3 on qwen3-q8), which
+/// is why `fast` is opt-in. What is checked here is that the fast path stays close —
+/// a wrong scale or code order gives agreement near chance and KL in the nats; the
+/// contract itself is checked on a real model (`tests/real_model_inference.rs`).
+#[test]
+fn fast_precision_agrees_with_the_exact_path() {
+    use cortiq_engine::model::Precision;
+    for stem in [
+        "qwen3-q8",
+        "qwen3-q8_2f",
+        "qwen3-q4",
+        "qwen3-q4tp",
+        "gemma3-q8",
+    ] {
+        let path = common::fixture(&format!("cmf/{stem}.cmf"));
+        let file = Arc::new(CmfModel::open(&path).unwrap());
+        let exact = Model::load(file.clone()).unwrap();
+        let mut fast = Model::load(file).unwrap();
+        fast.set_precision(Precision::Fast);
+        let r = reference(&common::fixture(&format!(
+            "cmf/{stem}.reference.safetensors"
+        )));
+        let t = r.input_ids.len();
+        let run = |m: &Model| {
+            let mut cache = m.new_cache(t);
+            let mut ws = m.new_workspace(t);
+            m.forward(&r.input_ids, &mut cache, &mut ws, Logits::All, None)
+                .unwrap();
+            ws.logits.clone()
+        };
+        let (a, b) = (run(&exact), run(&fast));
+        assert_ne!(a, b, "{stem}: the fast path must actually differ");
+        let v = exact.config.vocab;
+        let (mut agree, mut kl) = (0, 0.0f64);
+        for i in 0..t {
+            let (p, q) = (&a[i * v..(i + 1) * v], &b[i * v..(i + 1) * v]);
+            agree += (argmax(p) == argmax(q)) as usize;
+            let lse = |x: &[f32]| {
+                let m = x.iter().fold(f32::MIN, |m, &v| m.max(v)) as f64;
+                m + x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln()
+            };
+            let (lp, lq) = (lse(p), lse(q));
+            kl += p
+                .iter()
+                .zip(q)
+                .map(|(&x, &y)| {
+                    let lpx = x as f64 - lp;
+                    lpx.exp() * (lpx - (y as f64 - lq))
+                })
+                .sum::<f64>();
+        }
+        let (agreement, mean_kl) = (agree as f64 / t as f64, kl / t as f64);
+        eprintln!("{stem}: fast vs exact: argmax agreement {agreement:.3}, mean KL {mean_kl:.2e}");
+        assert!(agreement >= 0.9, "{stem}: argmax agreement {agreement}");
+        assert!(mean_kl <= 2e-2, "{stem}: mean KL {mean_kl}");
+    }
+}

@@ -50,7 +50,7 @@ pub fn run(a: &Args) -> CmdResult {
         ));
     }
     let load_start = Instant::now();
-    let model = a.model.load_with(cortiq_engine::model::Precision::Fast)?;
+    let model = a.model.load()?;
     let load_s = load_start.elapsed().as_secs_f64();
     let c = &model.config;
     let need = a.prompt_tokens + a.tokens;

@@ -28,9 +28,10 @@ pub struct ModelArgs {
     /// Skip the hash check of the weights at load.
     #[arg(long)]
     pub no_verify: bool,
-    /// Activations of the weight products: `exact` (f32, the parity path) or `fast`
-    /// (int8 per group of 32 into the integer kernels of q8/q4 weights). Default: `fast`
-    /// for `run` and `bench`, `exact` for `logits` and `ppl`.
+    /// Activations of the weight products: `exact` (f32, the default: DESIGN.md's parity
+    /// path) or `fast` (int8 per group of 32 into the integer kernels of q8/q4 weights;
+    /// faster for 4-bit weights, but models with strong activation outliers such as
+    /// SmolLM2 drift: see the note on `--precision` in README.md).
     #[arg(long, value_name = "exact|fast")]
     pub precision: Option<String>,
 }

@@ -125,7 +125,7 @@ pub fn run(a: &Args) -> CmdResult {
     }
     let sampling = a.sampling()?;
     let render = a.render_options()?;
-    let model = a.model.load_with(cortiq_engine::model::Precision::Fast)?;
+    let model = a.model.load()?;
     let bundle = ChatBundle::from_model(&model.file).map_err(|e| chat_error(a, e))?;
     let mut session = Session::new(model.clone(), a.model.context(&model));
     let params = GenerateParams {

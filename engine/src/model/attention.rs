@@ -67,6 +67,19 @@ thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Sizes every engine thread's score buffer for `positions`, so that decoding up to
+/// that context never grows it (no allocation per token).
+pub fn reserve_scores(positions: usize) {
+    crate::runtime::threads::pool().broadcast(|_| {
+        SCORES.with(|cell| {
+            let mut s = cell.borrow_mut();
+            if s.len() < positions {
+                s.resize(positions, 0.0);
+            }
+        })
+    });
+}
+
 impl Attention {
     /// `h` [t, hidden] (normed input) at positions `pos0..pos0+t` → `out` [t, hidden].
     /// The new keys and values are appended to `kv` at those positions.
@@ -84,9 +97,7 @@ impl Attention {
         let q = &mut s.q[..t * nq * hd];
         let k = &mut s.k[..t * nkv * hd];
         let v = &mut s.v[..t * nkv * hd];
-        self.q_proj.forward(h, t, q);
-        self.k_proj.forward(h, t, k);
-        self.v_proj.forward(h, t, v);
+        Linear::forward_many([&self.q_proj, &self.k_proj, &self.v_proj], h, t, [q, k, v]);
         if let Some(n) = &self.q_norm {
             n.forward_inplace(q);
         }
@@ -110,9 +121,16 @@ impl Attention {
             self.attend(qh, pos0 + i, hq / (nq / nkv), kv, o);
         };
         if t == 1 {
-            att.par_chunks_mut(hd)
-                .enumerate()
-                .for_each(|(hq, o)| head(0, hq, o));
+            // A short context is less work than waking the pool for it.
+            if (pos0 + 1) * nq * hd < 1 << 16 {
+                att.chunks_mut(hd)
+                    .enumerate()
+                    .for_each(|(hq, o)| head(0, hq, o));
+            } else {
+                att.par_chunks_mut(hd)
+                    .enumerate()
+                    .for_each(|(hq, o)| head(0, hq, o));
+            }
         } else {
             att.par_chunks_mut(nq * hd)
                 .enumerate()

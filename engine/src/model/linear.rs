@@ -73,6 +73,39 @@ impl Linear {
         } else {
             matrix::matmul_with(&self.m, bytes, x, t, y, self.precision);
         }
+        self.add_bias(y);
+    }
+
+    /// Several linears of the same input `x` [t, in] at once (q/k/v, gate/up): for one
+    /// token a single parallel section with one activation quantization; for a batch,
+    /// one after the other (each product is already large enough).
+    pub fn forward_many<const N: usize>(
+        lins: [&Linear; N],
+        x: &[f32],
+        t: usize,
+        ys: [&mut [f32]; N],
+    ) {
+        if t == 1 && lins.iter().all(|l| l.precision == lins[0].precision) {
+            let mut parts: [matrix::MatvecPart; N] = {
+                let mut ys = ys.into_iter();
+                std::array::from_fn(|i| matrix::MatvecPart {
+                    m: &lins[i].m,
+                    bytes: lins[i].bytes(),
+                    y: ys.next().expect("one output per linear"),
+                })
+            };
+            matrix::matvec_multi(&mut parts, x, lins[0].precision);
+            for (l, part) in lins.iter().zip(parts.iter_mut()) {
+                l.add_bias(part.y);
+            }
+        } else {
+            for (l, y) in lins.iter().zip(ys) {
+                l.forward(x, t, y);
+            }
+        }
+    }
+
+    fn add_bias(&self, y: &mut [f32]) {
         if let Some(b) = &self.bias {
             for row in y.chunks_exact_mut(b.len()) {
                 for (v, bv) in row.iter_mut().zip(b) {

@@ -31,8 +31,7 @@ impl Mlp {
     pub fn forward(&self, h: &[f32], t: usize, s: &mut MlpScratch, out: &mut [f32]) {
         let n = self.gate.out_dim() * t;
         let (g, u) = (&mut s.g[..n], &mut s.u[..n]);
-        self.gate.forward(h, t, g);
-        self.up.forward(h, t, u);
+        Linear::forward_many([&self.gate, &self.up], h, t, [g, u]);
         for (gv, &uv) in g.iter_mut().zip(u.iter()) {
             *gv = activate(self.act, *gv) * uv;
         }

@@ -318,6 +318,55 @@ pub fn matvec_with(m: &Matrix, bytes: &[u8], x: &[f32], y: &mut [f32], p: Precis
     }
 }
 
+/// One product of [`matvec_multi`]: a matrix, its bytes and its output.
+pub struct MatvecPart<'a> {
+    pub m: &'a Matrix,
+    pub bytes: &'a [u8],
+    pub y: &'a mut [f32],
+}
+
+/// Several matrix-vector products of the same input (q/k/v, gate/up) as one parallel
+/// section: the pool's threads stay busy from one matrix to the next instead of going
+/// to sleep and being woken per product, and the input is quantized once for all. The
+/// results are those of [`matvec_with`] on each part.
+pub fn matvec_multi(parts: &mut [MatvecPart], x: &[f32], p: Precision) {
+    let Some(first) = parts.first() else {
+        return;
+    };
+    for part in parts.iter() {
+        assert_eq!(x.len(), part.m.cols, "activations must be [cols]");
+        assert_eq!(part.y.len(), part.m.rows, "output must be [rows]");
+        assert_eq!(part.bytes.len(), part.m.nbytes, "bytes of another tensor");
+    }
+    let (m0, b0) = (first.m, first.bytes);
+    let order = int_order(m0);
+    // One quantization serves all parts only when they read activations alike; `q8_2f`
+    // folds its own column field into them.
+    let shared = parts
+        .iter()
+        .all(|q| int_order(q.m) == order && q.m.dtype != DType::Q8_2f && q.m.cols == m0.cols);
+    fn run_all(parts: &mut [MatvecPart], acts: Acts) {
+        parts.par_iter_mut().for_each(|part| {
+            if part.m.rows > 0 {
+                matvec_impl(part.m, part.bytes, acts, part.y)
+            }
+        })
+    }
+    match order {
+        Some(order) if p == Precision::Fast && shared => {
+            with_quantized(m0, b0, x, 1, order, |acts| run_all(parts, acts))
+        }
+        _ if p == Precision::Exact => run_all(parts, Acts::F32(x)),
+        // Each part quantizes for itself; one after the other, so that each uses this
+        // thread's buffers (a nested product would need a buffer of its own).
+        _ => {
+            for part in parts.iter_mut() {
+                matvec_with(part.m, part.bytes, x, part.y, p)
+            }
+        }
+    }
+}
+
 fn matvec_impl(m: &Matrix, bytes: &[u8], acts: Acts, y: &mut [f32]) {
     // Enough work per chunk to amortise a task (~32k weights), and otherwise as few
     // chunks as keep every thread busy (two per thread, for balance): a chunk is one

@@ -74,6 +74,7 @@ impl Session {
     /// A session with room for `context` positions (clamped to the model's maximum).
     pub fn new(model: Arc<Model>, context: usize) -> Session {
         let cap = context.clamp(1, model.config.max_positions.max(1));
+        crate::model::attention::reserve_scores(cap);
         Session {
             cache: model.new_cache(cap),
             ws: model.new_workspace(PREFILL_CHUNK),
@@ -155,12 +156,25 @@ impl Session {
 
     /// Prefills `prompt`, then samples up to `max_tokens`, reporting each token. Stops at a
     /// stop id, the token budget, a full context or `cancel` (checked between tokens).
+    /// The whole loop runs inside the engine's pool, so that no token pays for handing
+    /// work to it.
     pub fn generate(
         &mut self,
         prompt: &[u32],
         params: &GenerateParams,
         cancel: Option<&AtomicBool>,
-        on_event: &mut dyn FnMut(&Event),
+        on_event: &mut (dyn FnMut(&Event) + Send),
+    ) -> Result<(Vec<u32>, GenerationStats), ModelError> {
+        crate::runtime::threads::pool()
+            .install(|| self.generate_in_pool(prompt, params, cancel, on_event))
+    }
+
+    fn generate_in_pool(
+        &mut self,
+        prompt: &[u32],
+        params: &GenerateParams,
+        cancel: Option<&AtomicBool>,
+        on_event: &mut (dyn FnMut(&Event) + Send),
     ) -> Result<(Vec<u32>, GenerationStats), ModelError> {
         let started = Instant::now();
         let reused = self.prefill(prompt)?;

@@ -1,0 +1,95 @@
+//! The decode loop allocates nothing per token: every buffer (KV cache, workspace, score
+//! and activation scratch, sampler candidates) is sized before the first token. Counted
+//! with a global allocator that tallies every allocation of this test binary.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use cortiq_engine::format::shards::CmfModel;
+use cortiq_engine::model::{Model, Precision};
+use cortiq_engine::runtime::sampler::{Sampler, SamplingParams};
+use cortiq_engine::runtime::session::Session;
+
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        System.realloc(ptr, layout, new_size)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn decode_allocations(stem: &str, precision: Precision) -> usize {
+    let path = common::fixture(&format!("cmf/{stem}.cmf"));
+    let mut model = Model::load(Arc::new(CmfModel::open(&path).unwrap())).unwrap();
+    model.set_precision(precision);
+    let mut session = Session::new(Arc::new(model), 128);
+    let vocab = session.model.config.vocab;
+    let mut sampler = Sampler::new(
+        SamplingParams {
+            temperature: 0.9,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repetition_penalty: 1.1,
+            seed: 3,
+        },
+        vocab,
+    );
+    let prompt: Vec<u32> = (1..20).collect();
+    cortiq_engine::runtime::threads::pool().install(|| {
+        session.prefill(&prompt).unwrap();
+        let mut context = prompt.clone();
+        context.reserve(64);
+        let mut step = |session: &mut Session, context: &mut Vec<u32>| {
+            let id = sampler.sample(session.logits_mut(), context);
+            context.push(id);
+            session.step(id).unwrap();
+        };
+        // Warm-up: the first tokens size the per-thread scratch buffers.
+        for _ in 0..3 {
+            step(&mut session, &mut context);
+        }
+        ALLOCATIONS.store(0, Ordering::SeqCst);
+        COUNTING.store(true, Ordering::SeqCst);
+        for _ in 0..40 {
+            step(&mut session, &mut context);
+        }
+        COUNTING.store(false, Ordering::SeqCst);
+    });
+    ALLOCATIONS.load(Ordering::SeqCst)
+}
+
+#[test]
+fn decoding_allocates_nothing_per_token() {
+    for (stem, p) in [
+        ("qwen3-q8", Precision::Exact),
+        ("qwen3-q8", Precision::Fast),
+        ("qwen3-q4", Precision::Fast),
+        ("qwen3-vbit", Precision::Exact),
+        ("gemma3-q8", Precision::Exact),
+    ] {
+        let n = decode_allocations(stem, p);
+        assert_eq!(n, 0, "{stem} ({p:?}): {n} allocations in 40 decoded tokens");
+    }
+}
