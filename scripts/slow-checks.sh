@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The slow checks: the real models of ../shared/models/fetch.sh (import, verify, tokenizer),
-# and interoperability with the reference implementation's CLI, used as a
+# The slow checks: the real models of ../shared/models/fetch.sh (import, verify, tokenizer;
+# then inference against transformers' reference: greedy answers, logits, perplexity at f32
+# and 8 bits), and interoperability with the reference implementation's CLI, used as a
 # black box (files it accepts, tensors it decodes). Installs that CLI on first use, the
 # way ../shared/bench/peers.sh does, into $CMF_PEERS (default ~/.cache/cmf-peers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The real models (GGUF) first: fetch them (idempotent), then import, verify and tokenize.
 bash ../shared/models/fetch.sh
-cargo test --release --features real-models --test real_models
+cargo test --release --features real-models --test real_models --test real_model_inference
 PEERS="${CMF_PEERS:-$HOME/.cache/cmf-peers}"
 if [ ! -x "$PEERS/bin/cortiq" ]; then
   echo "installing the reference CLI (cortiq-cli 0.8.54) into $PEERS ..." >&2
