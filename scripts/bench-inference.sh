@@ -40,18 +40,20 @@ for name in smollm2-135m qwen2.5-coder-0.5b; do
     [ -f "$gguf" ] || "$LLAMA_QUANTIZE" --allow-requantize "${SRC[$name]}" "$gguf" "${GGML_Q[$bits]}" >/dev/null 2>&1
     echo "== $name ${bits}-bit" >&2
     ours=$("$OURS" bench "$cmf" --threads "$THREADS" --prompt-tokens "$PROMPT" --tokens "$TOKENS" --json)
+    fast=$("$OURS" bench "$cmf" --threads "$THREADS" --prompt-tokens "$PROMPT" --tokens "$TOKENS" --json --precision fast)
     ref=$(CMF_THREADS="$THREADS" RAYON_NUM_THREADS="$THREADS" "$REF" bench "$cmf" --core --ignore-eos \
           --ctx "$PROMPT" --tokens "$TOKENS" --json 2>/dev/null)
     llama=$("$LLAMA_BENCH" -m "$gguf" -t "$THREADS" -p "$PROMPT" -n "$TOKENS" -r 3 -o json 2>/dev/null)
-    python3 - "$name" "$bits" "$ours" "$ref" "$llama" >> "$results" <<'PY'
+    python3 - "$name" "$bits" "$ours" "$ref" "$llama" "$fast" >> "$results" <<'PY'
 import json, sys
-name, bits, ours, ref, llama = sys.argv[1], int(sys.argv[2]), *map(json.loads, sys.argv[3:])
+name, bits, ours, ref, llama, fast = sys.argv[1], int(sys.argv[2]), *map(json.loads, sys.argv[3:])
 pp = next(r for r in llama if r["n_prompt"] > 0)
 tg = next(r for r in llama if r["n_gen"] > 0)
 print(json.dumps({
     "model": name, "bits": bits,
     "ours_prefill": ours["prefill_tok_s"], "ours_decode": ours["decode_tok_s"],
     "ours_rss_mib": (ours["peak_rss_bytes"] or 0) / 2**20,
+    "fast_prefill": fast["prefill_tok_s"], "fast_decode": fast["decode_tok_s"],
     "ref_prefill": ref["prefill_tok_s"],
     "ref_decode": ref.get("decode_tok_s_steady") or ref["decode_tok_s"],
     "llama_prefill": pp["avg_ts"], "llama_decode": tg["avg_ts"],
@@ -65,11 +67,14 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print(f"threads {sys.argv[2]}, prompt {sys.argv[3]} tokens, decode {sys.argv[4]} tokens (tok/s; ratio = ours / peer)")
 print()
-print("| model | bits | decode ours | decode ref | decode llama.cpp | ours/ref | ours/llama | prefill ours | prefill ref | prefill llama.cpp | ours/ref | ours/llama |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("ours = --precision exact (the default); fast = --precision fast (int8 activations)")
+print()
+print("| model | bits | decode ours | fast | ref | llama.cpp | ours/ref | fast/ref | ours/llama | fast/llama | prefill ours | fast | ref | llama.cpp | ours/ref | fast/ref | ours/llama | peak RSS MiB |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
-    print(f"| {r['model']} | {r['bits']} | {r['ours_decode']:.1f} | {r['ref_decode']:.1f} | {r['llama_decode']:.1f} | "
-          f"{r['ours_decode']/r['ref_decode']:.2f} | {r['ours_decode']/r['llama_decode']:.2f} | "
-          f"{r['ours_prefill']:.1f} | {r['ref_prefill']:.1f} | {r['llama_prefill']:.1f} | "
-          f"{r['ours_prefill']/r['ref_prefill']:.2f} | {r['ours_prefill']/r['llama_prefill']:.2f} |")
+    print(f"| {r['model']} | {r['bits']} | {r['ours_decode']:.1f} | {r['fast_decode']:.1f} | {r['ref_decode']:.1f} | {r['llama_decode']:.1f} | "
+          f"{r['ours_decode']/r['ref_decode']:.2f} | {r['fast_decode']/r['ref_decode']:.2f} | "
+          f"{r['ours_decode']/r['llama_decode']:.2f} | {r['fast_decode']/r['llama_decode']:.2f} | "
+          f"{r['ours_prefill']:.1f} | {r['fast_prefill']:.1f} | {r['ref_prefill']:.1f} | {r['llama_prefill']:.1f} | "
+          f"{r['ours_prefill']/r['ref_prefill']:.2f} | {r['fast_prefill']/r['ref_prefill']:.2f} | {r['ours_prefill']/r['llama_prefill']:.2f} | {r['ours_rss_mib']:.0f} |")
 PY

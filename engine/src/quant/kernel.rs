@@ -128,6 +128,13 @@ pub(crate) trait RowsAvx512: RowsScalar {
     /// # Safety
     /// The CPU supports [`Kernel::Avx512`]; `blk < cols / 32`, `i < R`.
     unsafe fn load_avx512(&self, i: usize, blk: usize) -> [__m512; 2];
+
+    /// As [`IntRowsSimd::prefetch_next`], for the f32-activation kernel.
+    ///
+    /// # Safety
+    /// As [`RowsAvx512::load_avx512`]; the address may lie outside the payload.
+    #[inline(always)]
+    unsafe fn prefetch_next_f(&self, _i: usize, _blk: usize) {}
 }
 
 /// Everything a row block must implement to run on every kernel of this target.
@@ -292,6 +299,9 @@ pub(crate) unsafe fn fused_avx512<D: RowsAvx512, const R: usize, const T: usize>
         let k = blk * STEP;
         for (i, w) in w.iter_mut().enumerate() {
             *w = d.load_avx512(i, blk);
+            if T == 1 {
+                d.prefetch_next_f(i, blk);
+            }
         }
         for (j, x) in xs.iter().enumerate() {
             let p = x.as_ptr().add(k);

@@ -636,6 +636,15 @@ mod simd {
         unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {
             nibbles_u8(self.group(i, blk).0)
         }
+
+        /// Row data is contiguous: the next block's row `i` is `R` row strides further.
+        #[inline(always)]
+        unsafe fn prefetch_next(&self, i: usize, blk: usize) {
+            let row = self.data[i].len();
+            let stride = row / (self.cols / super::GROUP).max(1);
+            let p = self.data[i].as_ptr().wrapping_add(blk * stride + R * row);
+            _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+        }
         #[inline(always)]
         unsafe fn group_scale_simd(&self, i: usize, blk: usize) -> f32 {
             h2f(self.group(i, blk).1)
@@ -712,6 +721,11 @@ mod simd {
     }
 
     impl<const R: usize, const TILED: bool> RowsAvx512 for Q4Rows<'_, R, TILED> {
+        #[inline(always)]
+        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
+            self.prefetch_next(i, blk)
+        }
+
         #[inline(always)]
         unsafe fn load_avx512(&self, i: usize, blk: usize) -> [__m512; 2] {
             let (nib, s) = self.group(i, blk);

@@ -420,6 +420,11 @@ mod simd {
 
     impl<const R: usize, const COL: bool> RowsAvx512 for Q8Rows<'_, R, COL> {
         #[inline(always)]
+        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
+            self.prefetch_next(i, blk)
+        }
+
+        #[inline(always)]
         unsafe fn load_avx512(&self, i: usize, blk: usize) -> [__m512; 2] {
             let p = self.codes[i][blk * STEP..(blk + 1) * STEP].as_ptr() as *const __m128i;
             let mut w = [
