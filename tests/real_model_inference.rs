@@ -16,20 +16,6 @@ use std::path::{Path, PathBuf};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
-fn model(name: &str) -> PathBuf {
-    let dir = std::env::var_os("CMF_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| dirs::home_dir().map(|h| h.join(".cache/cmf-models")))
-        .expect("no $CMF_MODELS and no home directory: run ../shared/models/fetch.sh");
-    let p = dir.join(name);
-    assert!(
-        p.is_file(),
-        "model {} is missing: run ../shared/models/fetch.sh",
-        p.display()
-    );
-    p
-}
-
 struct Fixture {
     bytes: Vec<u8>,
 }
@@ -138,7 +124,7 @@ fn ppl_of(file: &Path, text_ids: &[u32]) -> f64 {
 
 fn check(gguf: &str, dir: &str, system: Option<&str>, question: &str, fast_contract: bool) {
     let fx = Fixture::load(dir);
-    let src = model(gguf);
+    let src = common::real_model(gguf);
     let tmp = tempfile::tempdir().unwrap();
     let f32_file = tmp.path().join("f32.cmf");
     import(&src, &f32_file, "f32");

@@ -5,6 +5,8 @@
 //! `cargo test --release --features real-models --test real_models` (scripts/slow-checks.sh
 //! fetches the models first). Models: `$CMF_MODELS`, else `~/.cache/cmf-models`.
 
+mod common;
+
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -13,20 +15,6 @@ use cortiq_engine::format::{CmfFile, DType};
 use cortiq_engine::import::gguf_import::{import_gguf, QuantMode};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
-
-fn model(name: &str) -> PathBuf {
-    let dir = std::env::var_os("CMF_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| dirs::home_dir().map(|h| h.join(".cache/cmf-models")))
-        .expect("no $CMF_MODELS and no home directory: run ../shared/models/fetch.sh");
-    let p = dir.join(name);
-    assert!(
-        p.is_file(),
-        "model {} is missing: run ../shared/models/fetch.sh",
-        p.display()
-    );
-    p
-}
 
 fn fixture(dir: &str) -> Vec<u8> {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -75,7 +63,7 @@ fn payload_check(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<(), String
 }
 
 fn check(gguf: &str, fixture_dir: &str) {
-    let src = model(gguf);
+    let src = common::real_model(gguf);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("model.cmf");
 

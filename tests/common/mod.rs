@@ -45,3 +45,19 @@ pub fn json(o: &Output) -> Value {
         )
     })
 }
+
+/// A real model of `../shared/models/fetch.sh`: `$CMF_MODELS/<name>`, else
+/// `~/.cache/cmf-models/<name>`; fails the test with how to get it when missing.
+pub fn real_model(name: &str) -> PathBuf {
+    let dir = std::env::var_os("CMF_MODELS")
+        .map(PathBuf::from)
+        .or_else(|| dirs::home_dir().map(|h| h.join(".cache/cmf-models")))
+        .expect("no $CMF_MODELS and no home directory: run ../shared/models/fetch.sh");
+    let p = dir.join(name);
+    assert!(
+        p.is_file(),
+        "model {} is missing: run ../shared/models/fetch.sh",
+        p.display()
+    );
+    p
+}
