@@ -170,7 +170,7 @@ fn run_generates_deterministically_and_reports_stats() {
     let b = greedy(&["--greedy", "--seed", "9"]);
     assert_eq!(a["ids"], b["ids"], "greedy does not depend on the seed");
     let n = ids_of(&a["ids"]).len();
-    assert!(n >= 1 && n <= 6);
+    assert!((1..=6).contains(&n));
     let stats = &a["stats"];
     assert_eq!(stats["prompt_tokens"], 8);
     assert_eq!(stats["generated_tokens"], n);
