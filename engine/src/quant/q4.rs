@@ -643,7 +643,7 @@ mod simd {
             let row = self.data[i].len();
             let stride = row / (self.cols / super::GROUP).max(1);
             let p = self.data[i].as_ptr().wrapping_add(blk * stride + R * row);
-            _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+            _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
         }
         #[inline(always)]
         unsafe fn group_scale_simd(&self, i: usize, blk: usize) -> f32 {

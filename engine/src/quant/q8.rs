@@ -385,7 +385,7 @@ mod simd {
             let p = self.codes[i]
                 .as_ptr()
                 .wrapping_add(blk * STEP + R * self.cols);
-            _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+            _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
         }
     }
 
