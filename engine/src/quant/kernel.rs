@@ -476,7 +476,8 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
     /// The CPU supports AVX2; `blk < cols / 32`, `i < R`.
     unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i;
 
-    /// Asks the cache for what row `i` of the *next* row block needs at group `blk`.
+    /// Asks the cache for what row `i` of the row block after next needs at group `blk`
+    /// (two blocks ahead measured faster than one or four).
     /// Short rows (a few hundred bytes) end before the hardware prefetcher has learnt
     /// their stream; matrix-vector products stream from DRAM and wait on every load
     /// without this. Into L2 (`_MM_HINT_T1`), not L1: weights are read once per token,

@@ -637,12 +637,14 @@ mod simd {
             nibbles_u8(self.group(i, blk).0)
         }
 
-        /// Row data is contiguous: the next block's row `i` is `R` row strides further.
+        /// Row data is contiguous: row `i` two blocks on is `2·R` rows further.
         #[inline(always)]
         unsafe fn prefetch_next(&self, i: usize, blk: usize) {
             let row = self.data[i].len();
             let stride = row / (self.cols / super::GROUP).max(1);
-            let p = self.data[i].as_ptr().wrapping_add(blk * stride + R * row);
+            let p = self.data[i]
+                .as_ptr()
+                .wrapping_add(blk * stride + 2 * R * row);
             _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
         }
         #[inline(always)]

@@ -379,12 +379,12 @@ mod simd {
             )
         }
 
-        /// Rows are contiguous: the next block's row `i` is `R·cols` bytes further.
+        /// Rows are contiguous: row `i` two blocks on is `2·R·cols` bytes further.
         #[inline(always)]
         unsafe fn prefetch_next(&self, i: usize, blk: usize) {
             let p = self.codes[i]
                 .as_ptr()
-                .wrapping_add(blk * STEP + R * self.cols);
+                .wrapping_add(blk * STEP + 2 * R * self.cols);
             _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
         }
     }
