@@ -316,32 +316,8 @@ fn fast_against_exact(gguf: &str, file: &Path, ids: &[u32], dir: &Path, contract
         (data, v)
     };
     let ((a, v), (b, _)) = (logits("exact"), logits("fast"));
-    let argmax = |x: &[f32]| {
-        x.iter()
-            .enumerate()
-            .fold((0, f32::MIN), |m, (i, &y)| if y > m.1 { (i, y) } else { m })
-            .0
-    };
-    let lse = |x: &[f32]| {
-        let m = x.iter().fold(f32::MIN, |m, &y| m.max(y)) as f64;
-        m + x.iter().map(|&y| (y as f64 - m).exp()).sum::<f64>().ln()
-    };
-    let t = a.len() / v;
-    let (mut agree, mut kl) = (0usize, 0f64);
-    for i in 0..t {
-        let (p, q) = (&a[i * v..(i + 1) * v], &b[i * v..(i + 1) * v]);
-        agree += (argmax(p) == argmax(q)) as usize;
-        let (lp, lq) = (lse(p), lse(q));
-        kl += p
-            .iter()
-            .zip(q)
-            .map(|(&x, &y)| {
-                let l = x as f64 - lp;
-                l.exp() * (l - (y as f64 - lq))
-            })
-            .sum::<f64>();
-    }
-    let (agreement, kl) = (agree as f64 / t as f64, kl / t as f64);
+    let m = cortiq_engine::runtime::metrics::agreement(&a, &b, v);
+    let (agreement, kl) = (m.argmax, m.mean_kl);
     eprintln!("{gguf}: q8_row fast vs exact: argmax agreement {agreement:.3}, mean KL {kl:.2e}");
     if contract {
         assert!(

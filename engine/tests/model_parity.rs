@@ -11,6 +11,8 @@ use cortiq_engine::format::dtype::DType;
 use cortiq_engine::format::shards::CmfModel;
 use cortiq_engine::import::hf::{convert, ConvertOptions};
 use cortiq_engine::model::{Logits, Model};
+use cortiq_engine::runtime::metrics;
+use cortiq_engine::runtime::sampler::argmax;
 use safetensors::SafeTensors;
 
 pub struct Reference {
@@ -78,16 +80,6 @@ fn close(what: &str, got: &[f32], want: &[f32]) {
         got[at],
         want[at]
     );
-}
-
-fn argmax(v: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best
 }
 
 pub fn check_logits(what: &str, model: &Model, r: &Reference) -> Vec<f32> {
@@ -385,26 +377,8 @@ fn fast_precision_agrees_with_the_exact_path() {
         };
         let (a, b) = (run(&exact), run(&fast));
         assert_ne!(a, b, "{stem}: the fast path must actually differ");
-        let v = exact.config.vocab;
-        let (mut agree, mut kl) = (0, 0.0f64);
-        for i in 0..t {
-            let (p, q) = (&a[i * v..(i + 1) * v], &b[i * v..(i + 1) * v]);
-            agree += (argmax(p) == argmax(q)) as usize;
-            let lse = |x: &[f32]| {
-                let m = x.iter().fold(f32::MIN, |m, &v| m.max(v)) as f64;
-                m + x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln()
-            };
-            let (lp, lq) = (lse(p), lse(q));
-            kl += p
-                .iter()
-                .zip(q)
-                .map(|(&x, &y)| {
-                    let lpx = x as f64 - lp;
-                    lpx.exp() * (lpx - (y as f64 - lq))
-                })
-                .sum::<f64>();
-        }
-        let (agreement, mean_kl) = (agree as f64 / t as f64, kl / t as f64);
+        let m = metrics::agreement(&a, &b, exact.config.vocab);
+        let (agreement, mean_kl) = (m.argmax, m.mean_kl);
         eprintln!("{stem}: fast vs exact: argmax agreement {agreement:.3}, mean KL {mean_kl:.2e}");
         assert!(agreement >= 0.9, "{stem}: argmax agreement {agreement}");
         assert!(mean_kl <= 2e-2, "{stem}: mean KL {mean_kl}");

@@ -75,7 +75,8 @@ pub fn run(a: &Args) -> CmdResult {
     }
     let bytes = safetensors::serialize(tensors, None)
         .map_err(|e| CliError::io(format!("safetensors: {e}")))?;
-    write_atomically(&a.out, &bytes)?;
+    cortiq_engine::format::writer::write_atomic(&a.out, &bytes)
+        .map_err(|e| CliError::io(e.message()))?;
     if a.json {
         print_json(&json!({
             "ok": true,
@@ -93,21 +94,4 @@ pub fn run(a: &Args) -> CmdResult {
         ))?;
     }
     Ok(Status::Success)
-}
-
-/// Writes to a temporary file beside `out`, then renames it into place.
-pub fn write_atomically(out: &std::path::Path, bytes: &[u8]) -> Result<(), CliError> {
-    use std::io::Write;
-    let dir = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)
-        .map_err(|e| CliError::io(format!("{}: {e}", dir.display())))?;
-    tmp.write_all(bytes)
-        .and_then(|_| tmp.as_file().sync_all())
-        .map_err(|e| CliError::io(format!("writing {}: {e}", out.display())))?;
-    tmp.persist(out)
-        .map_err(|e| CliError::io(format!("{}: {}", out.display(), e.error)))?;
-    Ok(())
 }

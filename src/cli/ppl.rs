@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use cortiq_engine::chat::ChatBundle;
 use cortiq_engine::model::Logits;
+use cortiq_engine::runtime::metrics::nll;
 use cortiq_engine::runtime::session::PREFILL_CHUNK;
 use serde_json::json;
 
@@ -30,14 +31,6 @@ pub struct Args {
     pub ids: Option<String>,
     #[arg(long)]
     pub json: bool,
-}
-
-/// `-log softmax(logits)[target]`, in f64.
-pub fn nll(logits: &[f32], target: u32) -> f64 {
-    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-    let sum: f64 = logits.iter().map(|&v| (v as f64 - max).exp()).sum();
-    let lse = max + sum.ln();
-    lse - logits[target as usize] as f64
 }
 
 pub fn run(a: &Args) -> CmdResult {

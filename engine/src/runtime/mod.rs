@@ -1,7 +1,8 @@
 //! Running a model: the KV cache, sessions (prefill, decode, events, cancellation) and
-//! sampling.
+//! sampling, and measures over logits.
 
 pub mod kv_cache;
+pub mod metrics;
 pub mod sampler;
 pub mod session;
 pub mod threads;
