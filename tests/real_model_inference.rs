@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
