@@ -399,6 +399,13 @@ pub(crate) struct QToken<'a> {
 }
 
 impl QuantizedActs {
+    /// Makes room for `t` tokens of `cols` activations, so `fill` does not allocate.
+    pub fn reserve(&mut self, cols: usize, t: usize) {
+        let groups = cols.div_ceil(STEP);
+        self.q.reserve((t * groups * STEP).saturating_sub(self.q.len()));
+        self.d.reserve((t * groups).saturating_sub(self.d.len()));
+    }
+
     /// Quantizes `x` (`[t, cols]`), multiplied elementwise by the f16 column field `col`
     /// first when given (`q8_2f`: `Σ q·col·x = Σ q·(col·x)`).
     pub fn fill(&mut self, x: &[f32], t: usize, cols: usize, col: Option<&[u8]>, order: ActOrder) {

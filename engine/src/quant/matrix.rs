@@ -242,6 +242,23 @@ thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Sizes every engine thread's decode scratch and quantized-activation buffers for
+/// products of up to `max_cols` columns over up to `max_tokens` activations. Which worker
+/// runs which row block is up to rayon, so warming up on a few tokens does not reach
+/// every thread; reserving on all of them keeps decoding free of allocations.
+pub fn reserve_thread_buffers(max_cols: usize, max_tokens: usize) {
+    crate::runtime::threads::pool().broadcast(|_| {
+        SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            let n = BLOCK_ROWS * max_cols;
+            if s.len() < n {
+                s.resize(n, 0.0);
+            }
+        });
+        QACTS.with(|qa| qa.borrow_mut().reserve(max_cols, max_tokens));
+    });
+}
+
 /// Hands rows `r0 .. r0 + R` of `m` to `v`: to its integer kernel when `int` (the dtype
 /// has one, see [`int_order`]), else in place for the fused dtypes, else decoded into this
 /// thread's scratch.

@@ -75,6 +75,9 @@ impl Session {
     pub fn new(model: Arc<Model>, context: usize) -> Session {
         let cap = context.clamp(1, model.config.max_positions.max(1));
         crate::model::attention::reserve_scores(cap);
+        let c = &model.config;
+        let widest = c.hidden.max(c.intermediate).max(c.n_heads * c.head_dim);
+        crate::quant::matrix::reserve_thread_buffers(widest, PREFILL_CHUNK);
         Session {
             cache: model.new_cache(cap),
             ws: model.new_workspace(PREFILL_CHUNK),
