@@ -102,8 +102,8 @@ impl Session {
 
     /// Waits for cortiq to exit; returns its exit status line and the screen it left.
     fn wait_exit(&self) -> String {
-        let s = self.wait_for(&["EXITED"]);
-        s
+        
+        self.wait_for(&["EXITED"])
     }
 }
 

@@ -274,7 +274,7 @@ impl App {
                         m.tab = Tab::ALL[(m.tab.index() + Tab::ALL.len() - 1) % Tab::ALL.len()]
                     }
                     Action::GoTab(i) if i < Tab::ALL.len() => m.tab = Tab::ALL[i],
-                    Action::Click(x, y) if y == 0 => {
+                    Action::Click(x, 0) => {
                         if let Some(t) = tab_at(&self.keymap, m, x) {
                             m.tab = t;
                         }

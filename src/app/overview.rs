@@ -68,7 +68,7 @@ fn summary(v: &Value) -> String {
         Value::Object(m) => format!("{{{} keys}}", m.len()),
         Value::Array(a) => {
             if a.iter().all(|x| !x.is_object() && !x.is_array()) && a.len() <= 8 {
-                let items: Vec<String> = a.iter().map(|x| scalar(x)).collect();
+                let items: Vec<String> = a.iter().map(scalar).collect();
                 format!("[{}]", items.join(", "))
             } else {
                 format!("[{} items]", a.len())

@@ -333,6 +333,23 @@ pub fn opt<T: ToString>(v: Option<T>) -> String {
     v.map(|v| v.to_string()).unwrap_or_else(|| "—".into())
 }
 
+/// Refuses an output path that names one of the inputs (the same file, by any path):
+/// nothing overwrites a user's input.
+pub fn refuse_overwriting_input(inputs: &[&Path], output: &Path) -> Result<(), CliError> {
+    let Ok(out) = std::fs::canonicalize(output) else {
+        return Ok(());
+    }; // does not exist yet
+    for input in inputs {
+        if std::fs::canonicalize(input).is_ok_and(|i| i == out) {
+            return Err(CliError::usage(format!(
+                "the output {} is the input file; write to another path",
+                output.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,21 +375,4 @@ mod tests {
         t.render(&mut s);
         assert_eq!(s, "  name   n\n  a     10\n  long   2\n");
     }
-}
-
-/// Refuses an output path that names one of the inputs (the same file, by any path):
-/// nothing overwrites a user's input.
-pub fn refuse_overwriting_input(inputs: &[&Path], output: &Path) -> Result<(), CliError> {
-    let Ok(out) = std::fs::canonicalize(output) else {
-        return Ok(());
-    }; // does not exist yet
-    for input in inputs {
-        if std::fs::canonicalize(input).is_ok_and(|i| i == out) {
-            return Err(CliError::usage(format!(
-                "the output {} is the input file; write to another path",
-                output.display()
-            )));
-        }
-    }
-    Ok(())
 }

@@ -703,6 +703,22 @@ fn unknown_fields(file: &CmfFile) -> Vec<(String, Value)> {
     out
 }
 
+/// What the shard set of `path` holds, or why it does not open (a shard is valid alone).
+fn shard_set(path: Option<&std::path::Path>) -> String {
+    let Some(path) = path else {
+        return "set unknown (not opened from a file)".into();
+    };
+    match cortiq_engine::format::CmfModel::open(path) {
+        Ok(m) => format!(
+            "set of {} files: {} tensors, {}",
+            m.shards.len(),
+            m.tensor_count(),
+            human_bytes(m.total_bytes())
+        ),
+        Err(e) => format!("the set does not open: {}", e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::summarize_layer_types;
@@ -723,21 +739,5 @@ mod tests {
             "(L ×2, F) ×2"
         );
         assert_eq!(summarize_layer_types(&[]), "none");
-    }
-}
-
-/// What the shard set of `path` holds, or why it does not open (a shard is valid alone).
-fn shard_set(path: Option<&std::path::Path>) -> String {
-    let Some(path) = path else {
-        return "set unknown (not opened from a file)".into();
-    };
-    match cortiq_engine::format::CmfModel::open(path) {
-        Ok(m) => format!(
-            "set of {} files: {} tensors, {}",
-            m.shards.len(),
-            m.tensor_count(),
-            human_bytes(m.total_bytes())
-        ),
-        Err(e) => format!("the set does not open: {}", e),
     }
 }

@@ -278,7 +278,7 @@ fn render_dtypes(f: &mut Frame, area: Rect, vm: &OverviewVm, max_rows: usize, th
     };
     let mut shown: Vec<&DtypeRow> = vm.dtypes.iter().collect();
     let folded = if shown.len() > max_rows {
-        shown.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+        shown.sort_by_key(|r| std::cmp::Reverse(r.bytes));
         let rest: Vec<&DtypeRow> = shown.split_off(max_rows.saturating_sub(1));
         Some(rest)
     } else {

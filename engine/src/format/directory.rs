@@ -244,7 +244,7 @@ fn parse_record(i: usize, r: &[u8], pool: &[u8], data_len: u64) -> Result<Tensor
     let off = u64_at(r, 32);
     let nbytes = u64_at(r, 40);
     let hash = u64_at(r, 48);
-    if off % TENSOR_ALIGN != 0 {
+    if !off.is_multiple_of(TENSOR_ALIGN) {
         return Err(bounds(at(&format!("offset {off} is not a multiple of 64"))));
     }
     let end = off

@@ -230,7 +230,7 @@ impl Envelope {
                 present.push((kind, s));
             }
         }
-        if self.data.off % DATA_ALIGN != 0 {
+        if !self.data.off.is_multiple_of(DATA_ALIGN) {
             return Err(bounds(format!(
                 "data_off {} is not a multiple of 4096",
                 self.data.off

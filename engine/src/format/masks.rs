@@ -392,7 +392,7 @@ fn solve_layout(
     }
     let visits = rows_bytes / per_visit;
     let ok = if loop_masks {
-        layers > 0 && visits % layers == 0 && visits > 0
+        layers > 0 && visits.is_multiple_of(layers) && visits > 0
     } else {
         visits == layers
     };
