@@ -179,6 +179,40 @@ pub fn dequantize(ty: GgmlType, data: &[u8], numel: u64) -> Result<Vec<f32>, Deq
     Ok(out)
 }
 
+/// Dequantizes elements `start .. start + out.len()` of a tensor stored as `ty` in `data`
+/// (the whole tensor's bytes): both ends must fall on block boundaries. This is how an
+/// import reads a large tensor a block of rows at a time.
+pub fn dequantize_range(
+    ty: GgmlType,
+    data: &[u8],
+    start: usize,
+    out: &mut [f32],
+) -> Result<(), DequantError> {
+    let err = |reason: String| DequantError { ty, reason };
+    let (block, block_bytes) = ty.block();
+    let (block, block_bytes) = (block as usize, block_bytes as usize);
+    let end = start
+        .checked_add(out.len())
+        .ok_or_else(|| err("element range overflows".into()))?;
+    if !start.is_multiple_of(block) || !end.is_multiple_of(block) {
+        return Err(err(format!(
+            "elements {start}..{end} do not fall on blocks of {block}"
+        )));
+    }
+    let bytes = (start / block)
+        .checked_mul(block_bytes)
+        .zip((end / block).checked_mul(block_bytes))
+        .and_then(|(a, b)| data.get(a..b))
+        .ok_or_else(|| {
+            err(format!(
+                "elements {start}..{end} lie beyond the {}-byte payload",
+                data.len()
+            ))
+        })?;
+    dequantize_into(ty, bytes, out);
+    Ok(())
+}
+
 /// Dequantizes whole blocks; `out.len()` must be `data.len() / block_bytes · block`
 /// (checked by [`dequantize`]).
 fn dequantize_into(ty: GgmlType, data: &[u8], out: &mut [f32]) {

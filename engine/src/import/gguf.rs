@@ -560,6 +560,16 @@ impl GgufFile {
         self.gguf.tensor_data(&self.map, t)
     }
 
+    /// [`GgufFile::release`] for the bytes `bytes` of `t`'s data only (a block of rows
+    /// once it was read).
+    pub fn release_part(&self, t: &TensorInfo, bytes: std::ops::Range<usize>) {
+        let start = t.offset.checked_add(bytes.start as u64);
+        let end = t.offset.checked_add(bytes.end.min(t.nbytes as usize) as u64);
+        if let (Some(start), Some(end)) = (start, end) {
+            super::release_pages(&self.map, start, end);
+        }
+    }
+
     /// Lets the kernel drop the mapped pages of `t` once its data was copied out, so an
     /// import's resident memory does not grow with the model (the pages are clean and
     /// file-backed; a later read faults them back in).

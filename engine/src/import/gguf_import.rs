@@ -12,7 +12,11 @@
 //!   subtraction is exact for stored values in [0.5, 2] (Sterbenz), so `1 + (w − 1)`
 //!   reproduces llama.cpp's weight exactly there and within one f32 ulp elsewhere.
 
+use std::borrow::Cow;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
 
 use serde_json::json;
 
@@ -21,6 +25,8 @@ use super::gguf::{Gguf, GgufError, GgufFile, TensorInfo};
 use crate::format::header::{Arch, Header, NormStyle, TokenizerConfig};
 use crate::format::writer::{StreamWriter, TensorPlan, WriteSpec, WriteSummary};
 use crate::format::{DType, FormatError};
+use crate::quant::matrix::Matrix;
+use crate::quant::rows::MaxF32;
 use crate::quant::{self, EncodeOptions, QuantError};
 
 /// Why an import failed.
@@ -425,20 +431,136 @@ pub struct ImportReport {
     pub summary: WriteSummary,
 }
 
-/// The GGUF dequantization of `m` in HF orientation (permutation undone, Gemma's `+1`
-/// removed) and the raw source bytes in HF row order.
-fn source_values(t: &TensorInfo, data: &[u8], m: &MappedTensor) -> Result<(Vec<u8>, Vec<f32>)> {
-    let raw = match m.unpermute_heads {
-        Some(h) => unpermute_rows(t, data, h)?,
-        None => data.to_vec(),
+/// The payload of `m` written as `dtype` (`exact`: its source bytes, see
+/// [`target_dtype`]) and the largest |decoded − GGUF dequantization| over its elements.
+///
+/// The GGUF values (permutation undone, Gemma's `+1` removed) are produced a block of rows
+/// at a time: a row-separable codec encodes block by block ([`quant::rows`]) and the error
+/// is measured on the same blocks, so a large tensor never exists as f32 in memory. Only
+/// the codecs with a tensor-wide field or budget see the whole tensor's values.
+fn encode_tensor(
+    m: &MappedTensor,
+    t: &TensorInfo,
+    data: &[u8],
+    dtype: DType,
+    exact: bool,
+    opts: &EncodeOptions,
+    release: &(dyn Fn(Range<usize>) + Sync),
+) -> Result<(Vec<u8>, f32)> {
+    let enc = |e| ImportError::Encode {
+        tensor: m.hf_name.clone(),
+        source: e,
     };
-    let mut values = ggml::dequantize(t.ggml_type, &raw, t.numel())?;
-    if m.minus_one {
-        for v in &mut values {
-            *v -= 1.0;
+    let raw: Cow<[u8]> = match m.unpermute_heads {
+        Some(h) => Cow::Owned(unpermute_rows(t, data, h)?),
+        None => Cow::Borrowed(data),
+    };
+    let geom = quant::geometry(dtype, &m.shape).map_err(enc)?;
+    let (block, block_bytes) = t.ggml_type.block();
+    let whole_blocks = (geom.numel as u64).is_multiple_of(block)
+        && (geom.numel as u64 / block).checked_mul(block_bytes) == Some(raw.len() as u64);
+    if !whole_blocks {
+        return Err(ggml::DequantError {
+            ty: t.ggml_type,
+            reason: format!(
+                "{:?}: {} elements do not fill the {}-byte payload",
+                t.name,
+                geom.numel,
+                raw.len()
+            ),
+        }
+        .into());
+    }
+    let cols = geom.cols;
+    let row_bytes = |rows: &Range<usize>| {
+        let at = |r: usize| (r * cols) as u64 / block * block_bytes;
+        at(rows.start) as usize..at(rows.end) as usize
+    };
+    let source = |rows: Range<usize>, out: &mut [f32]| -> Result<()> {
+        ggml::dequantize_range(t.ggml_type, &raw, rows.start * cols, out)?;
+        if m.minus_one {
+            for v in out.iter_mut() {
+                *v -= 1.0;
+            }
+        }
+        Ok(())
+    };
+    let max_err = MaxF32::default();
+    let observe = |decoded: &[f32], values: &[f32]| {
+        let e = decoded
+            .iter()
+            .zip(values)
+            .fold(0f32, |e, (a, b)| e.max((a - b).abs()));
+        max_err.observe(e);
+    };
+    if !exact {
+        let streamed = quant::rows::encode_row_blocks(
+            dtype,
+            &m.shape,
+            opts,
+            source,
+            |rows, values, block| {
+                let shape = [rows.len() as u64, cols as u64];
+                let mx = Matrix::new(dtype, &shape, block).map_err(enc)?;
+                let mut row = vec![0f32; cols];
+                for (r, v) in values.chunks_exact(cols.max(1)).enumerate() {
+                    mx.row(block, r, &mut row);
+                    observe(&row, v);
+                }
+                // The source rows are not read again.
+                if matches!(raw, Cow::Borrowed(_)) {
+                    release(row_bytes(&rows));
+                }
+                Ok(())
+            },
+            enc,
+        )?;
+        if let Some(payload) = streamed {
+            return Ok((payload, max_err.get()));
         }
     }
-    Ok((raw, values))
+    let (payload, values) = if exact {
+        let payload = match t.ggml_type {
+            GgmlType::Q4_0 => ggml::q4_0_to_q4_tiled(&raw)
+                .ok_or_else(|| unsupported(format!("{}: ragged Q4_0 payload", t.name)))?,
+            _ => raw.to_vec(),
+        };
+        (payload, None)
+    } else {
+        let mut values = Vec::new();
+        values
+            .try_reserve_exact(geom.numel)
+            .map_err(|_| unsupported(format!("{}: cannot allocate its values", t.name)))?;
+        values.resize(geom.numel, 0f32);
+        source(0..geom.rows, &mut values)?;
+        let payload = quant::encode(dtype, &m.shape, &values, opts).map_err(enc)?;
+        (payload, Some(values))
+    };
+    // The error, in parallel blocks of rows decoded in O(row) each (the matrix indexes
+    // variable-length rows once).
+    let mx = Matrix::new(dtype, &m.shape, &payload).map_err(enc)?;
+    let br = (65_536 / cols.max(1)).max(1);
+    (0..geom.rows.div_ceil(br))
+        .into_par_iter()
+        .try_for_each(|k| -> Result<()> {
+            let rows = k * br..((k + 1) * br).min(geom.rows);
+            let mut own = Vec::new();
+            let values: &[f32] = match &values {
+                Some(v) => &v[rows.start * cols..rows.end * cols],
+                None => {
+                    own.resize(rows.len() * cols, 0f32);
+                    source(rows.clone(), &mut own)?;
+                    &own
+                }
+            };
+            let mut row = vec![0f32; cols];
+            for (r, v) in rows.zip(values.chunks_exact(cols.max(1))) {
+                mx.row(&payload, r, &mut row);
+                observe(&row, v);
+            }
+            Ok(())
+        })?;
+    Ok((payload, max_err.get()))
 }
 
 /// Imports the GGUF file `src` into the CMF file `out`, one tensor at a time.
@@ -514,37 +636,10 @@ pub fn import_gguf_with(
     let process = |k: usize| -> Result<(Vec<u8>, TensorReport)> {
         let (m, t, (dtype, exact)) = (&mapped[k], &g.tensors[k], targets[k]);
         let data = file.tensor_data(t)?;
-        let source = source_values(t, data, m);
+        let release = |bytes: Range<usize>| file.release_part(t, bytes);
+        let encoded = encode_tensor(m, t, data, dtype, exact, encode, &release);
         file.release(t);
-        let (raw, values) = source?;
-        let enc = |e| ImportError::Encode {
-            tensor: m.hf_name.clone(),
-            source: e,
-        };
-        let payload = if exact {
-            match t.ggml_type {
-                GgmlType::Q4_0 => ggml::q4_0_to_q4_tiled(&raw)
-                    .ok_or_else(|| unsupported(format!("{}: ragged Q4_0 payload", t.name)))?,
-                _ => raw,
-            }
-        } else {
-            quant::encode(dtype, &m.shape, &values, encode).map_err(enc)?
-        };
-        // The error report decodes row by row: a whole second f32 copy of a large
-        // embedding would double the import's peak memory.
-        let geom = quant::geometry(dtype, &m.shape).map_err(enc)?;
-        let mut row = vec![0f32; geom.cols];
-        let mut max_abs_err = 0f32;
-        for r in 0..geom.rows {
-            quant::decode_row(dtype, &m.shape, &payload, r, &mut row).map_err(enc)?;
-            let src = values
-                .get(r * geom.cols..(r + 1) * geom.cols)
-                .unwrap_or(&[]);
-            max_abs_err = row
-                .iter()
-                .zip(src)
-                .fold(max_abs_err, |e, (a, b)| e.max((a - b).abs()));
-        }
+        let (payload, max_abs_err) = encoded?;
         let r = TensorReport {
             gguf_name: m.gguf_name.clone(),
             name: m.hf_name.clone(),
@@ -556,18 +651,27 @@ pub fn import_gguf_with(
         };
         Ok((payload, r))
     };
-    const BATCH_F32_BYTES: u64 = 256 << 20;
+    // What a tensor holds in memory while it is processed: its source pages, its payload
+    // and, for a codec that needs the whole tensor, its f32 values.
+    let working_set = |k: usize| -> u64 {
+        let (m, (dtype, exact)) = (&mapped[k], targets[k]);
+        let numel = crate::format::dtype::numel(&m.shape).unwrap_or(0);
+        let payload = match dtype.size_for(&m.shape) {
+            Ok(crate::format::dtype::Size::Exact(n) | crate::format::dtype::Size::AtLeast(n)) => n,
+            _ => numel,
+        };
+        let whole = !exact && quant::rows::row_planes(dtype, &m.shape).is_none();
+        g.tensors[k].nbytes + payload + if whole { numel.saturating_mul(4) } else { 0 }
+    };
+    const BATCH_BYTES: u64 = 32 << 20;
     let mut start = 0;
     while start < mapped.len() {
         let mut end = start;
         let mut bytes = 0u64;
-        while end < mapped.len() && (end == start || bytes < BATCH_F32_BYTES) {
-            bytes += crate::format::dtype::numel(&mapped[end].shape)
-                .unwrap_or(0)
-                .saturating_mul(4);
+        while end < mapped.len() && (end == start || bytes + working_set(end) <= BATCH_BYTES) {
+            bytes += working_set(end);
             end += 1;
         }
-        use rayon::prelude::*;
         let batch: Vec<Result<(Vec<u8>, TensorReport)>> =
             (start..end).into_par_iter().map(process).collect();
         for item in batch {
@@ -674,7 +778,7 @@ mod tests {
         let mapped = map_tensors(&g).unwrap();
         let mut permuted = 0;
         for (m, t) in mapped.iter().zip(&g.tensors) {
-            let (_, vals) = source_values(t, g.tensor_data(&b, t).unwrap(), m).unwrap();
+            let vals = source_values(t, g.tensor_data(&b, t).unwrap(), m);
             let view = st.tensor(&m.hf_name).unwrap();
             assert_eq!(
                 view.shape().iter().map(|&d| d as u64).collect::<Vec<_>>(),
@@ -715,7 +819,7 @@ mod tests {
             let g = Gguf::parse(&b).unwrap();
             let mapped = map_tensors(&g).unwrap();
             for ((m, t), r) in mapped.iter().zip(&g.tensors).zip(&rep.tensors) {
-                let (_, want) = source_values(t, g.tensor_data(&b, t).unwrap(), m).unwrap();
+                let want = source_values(t, g.tensor_data(&b, t).unwrap(), m);
                 let (e, bytes) = f.tensor(&m.hf_name).unwrap();
                 assert_eq!(e.dtype, r.dtype);
                 let got = quant::decode(e.dtype, &e.shape, bytes).unwrap();
@@ -752,6 +856,68 @@ mod tests {
                 serde_json::from_slice(f.vocab_bytes().unwrap()).unwrap();
             assert_eq!(vocab["model"]["vocab"].as_object().unwrap().len(), 512);
             assert_eq!(h.provenance.as_ref().unwrap()["tool"], "cortiq import-gguf");
+        }
+    }
+
+    /// The whole tensor's GGUF values, dequantized in one piece (the import streams them a
+    /// block of rows at a time; this is the independent reading the tests compare with).
+    fn source_values(t: &TensorInfo, data: &[u8], m: &MappedTensor) -> Vec<f32> {
+        let raw = match m.unpermute_heads {
+            Some(h) => unpermute_rows(t, data, h).unwrap(),
+            None => data.to_vec(),
+        };
+        let mut values = ggml::dequantize(t.ggml_type, &raw, t.numel()).unwrap();
+        if m.minus_one {
+            for v in &mut values {
+                *v -= 1.0;
+            }
+        }
+        values
+    }
+
+    /// Every codec, streamed by rows or not, writes exactly what encoding the whole
+    /// tensor's values writes, and reports the largest error it really has.
+    #[test]
+    fn streamed_import_equals_whole_tensor_encoding() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = fixture_path("gguf/tiny-Q4_K_M.gguf");
+        let b = std::fs::read(&src).unwrap();
+        let g = Gguf::parse(&b).unwrap();
+        let mapped = map_tensors(&g).unwrap();
+        for dtype in [
+            DType::Q8Row,
+            DType::Q8_2f,
+            DType::Q4Block,
+            DType::Q4Tiled,
+            DType::Q4tp,
+            DType::Vbit,
+            DType::Q1,
+            DType::Q1t,
+            DType::F16,
+            DType::Bf16,
+        ] {
+            let out = dir.path().join(format!("{dtype}.cmf"));
+            let rep = import_gguf(&src, &out, QuantMode::Codec(dtype), &mut |_| {}).unwrap();
+            let f = CmfFile::open(&out).unwrap();
+            let mut streamed = 0;
+            for ((m, t), r) in mapped.iter().zip(&g.tensors).zip(&rep.tensors) {
+                let want = source_values(t, g.tensor_data(&b, t).unwrap(), m);
+                let (e, bytes) = f.tensor(&m.hf_name).unwrap();
+                if !r.exact {
+                    let whole =
+                        quant::encode(e.dtype, &e.shape, &want, &EncodeOptions::default())
+                            .unwrap();
+                    assert!(whole == bytes, "{dtype} {}: payload differs", m.hf_name);
+                }
+                streamed += quant::rows::row_planes(e.dtype, &e.shape).is_some() as usize;
+                let got = quant::decode(e.dtype, &e.shape, bytes).unwrap();
+                let err = got
+                    .iter()
+                    .zip(&want)
+                    .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+                assert_eq!(r.max_abs_err, err, "{dtype} {}", m.hf_name);
+            }
+            assert!(streamed > 0, "{dtype}: no tensor took the streamed path");
         }
     }
 

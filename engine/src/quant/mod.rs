@@ -31,6 +31,7 @@ pub mod matrix;
 pub mod q1;
 pub mod q4;
 pub mod q8;
+pub mod rows;
 pub mod vbit;
 
 /// The byte layouts of every codec in one place: offset structs, constants, and
