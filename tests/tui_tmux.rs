@@ -102,7 +102,6 @@ impl Session {
 
     /// Waits for cortiq to exit; returns its exit status line and the screen it left.
     fn wait_exit(&self) -> String {
-        
         self.wait_for(&["EXITED"])
     }
 }

@@ -564,7 +564,9 @@ impl GgufFile {
     /// once it was read).
     pub fn release_part(&self, t: &TensorInfo, bytes: std::ops::Range<usize>) {
         let start = t.offset.checked_add(bytes.start as u64);
-        let end = t.offset.checked_add(bytes.end.min(t.nbytes as usize) as u64);
+        let end = t
+            .offset
+            .checked_add(bytes.end.min(t.nbytes as usize) as u64);
         if let (Some(start), Some(end)) = (start, end) {
             super::release_pages(&self.map, start, end);
         }

@@ -478,6 +478,10 @@ fn encode_tensor(
     };
     let source = |rows: Range<usize>, out: &mut [f32]| -> Result<()> {
         ggml::dequantize_range(t.ggml_type, &raw, rows.start * cols, out)?;
+        // Read once per pass; a second pass faults the pages back in.
+        if matches!(raw, Cow::Borrowed(_)) {
+            release(row_bytes(&rows));
+        }
         if m.minus_one {
             for v in out.iter_mut() {
                 *v -= 1.0;
@@ -498,6 +502,7 @@ fn encode_tensor(
             dtype,
             &m.shape,
             opts,
+            None,
             source,
             |rows, values, block| {
                 let shape = [rows.len() as u64, cols as u64];
@@ -506,10 +511,6 @@ fn encode_tensor(
                 for (r, v) in values.chunks_exact(cols.max(1)).enumerate() {
                     mx.row(block, r, &mut row);
                     observe(&row, v);
-                }
-                // The source rows are not read again.
-                if matches!(raw, Cow::Borrowed(_)) {
-                    release(row_bytes(&rows));
                 }
                 Ok(())
             },
@@ -660,7 +661,7 @@ pub fn import_gguf_with(
             Ok(crate::format::dtype::Size::Exact(n) | crate::format::dtype::Size::AtLeast(n)) => n,
             _ => numel,
         };
-        let whole = !exact && quant::rows::row_planes(dtype, &m.shape).is_none();
+        let whole = !exact && !quant::rows::streamable(dtype, &m.shape);
         g.tensors[k].nbytes + payload + if whole { numel.saturating_mul(4) } else { 0 }
     };
     const BATCH_BYTES: u64 = 32 << 20;
@@ -905,8 +906,7 @@ mod tests {
                 let (e, bytes) = f.tensor(&m.hf_name).unwrap();
                 if !r.exact {
                     let whole =
-                        quant::encode(e.dtype, &e.shape, &want, &EncodeOptions::default())
-                            .unwrap();
+                        quant::encode(e.dtype, &e.shape, &want, &EncodeOptions::default()).unwrap();
                     assert!(whole == bytes, "{dtype} {}: payload differs", m.hf_name);
                 }
                 streamed += quant::rows::row_planes(e.dtype, &e.shape).is_some() as usize;

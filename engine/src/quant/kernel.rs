@@ -402,7 +402,8 @@ impl QuantizedActs {
     /// Makes room for `t` tokens of `cols` activations, so `fill` does not allocate.
     pub fn reserve(&mut self, cols: usize, t: usize) {
         let groups = cols.div_ceil(STEP);
-        self.q.reserve((t * groups * STEP).saturating_sub(self.q.len()));
+        self.q
+            .reserve((t * groups * STEP).saturating_sub(self.q.len()));
         self.d.reserve((t * groups).saturating_sub(self.d.len()));
     }
 

@@ -346,14 +346,7 @@ pub fn encode(
         DType::Q4Block | DType::Q4Tiled => q4::encode_grouped(dtype, values, &mut out)?,
         DType::Q4tp => q4::encode_q4tp(g, values, &mut out)?,
         DType::Vbit | DType::VbitRo => {
-            let budget = opts.mean_bits.unwrap_or(DEFAULT_VBIT_MEAN_BITS);
-            if !(3.0..=8.0).contains(&budget) {
-                return Err(QuantError::InvalidArgument {
-                    dtype,
-                    reason: format!("mean_bits must lie in [3, 8], got {budget}"),
-                });
-            }
-            vbit::encode(dtype, g, values, budget as f64, &mut out)?
+            vbit::encode(dtype, g, values, vbit_budget(dtype, opts)?, &mut out)?
         }
         DType::Q1 | DType::Q1s | DType::Q1t => {
             let fraction = opts.outlier_fraction.unwrap_or(DEFAULT_OUTLIER_FRACTION);
@@ -372,6 +365,18 @@ pub fn encode(
         DType::Mix8_4 | DType::U8 | DType::Q4Col => return Err(QuantError::Reserved { dtype }),
     }
     Ok(out)
+}
+
+/// The `vbit` mean bit budget of `opts`, checked.
+pub(crate) fn vbit_budget(dtype: DType, opts: &EncodeOptions) -> Result<f64, QuantError> {
+    let budget = opts.mean_bits.unwrap_or(DEFAULT_VBIT_MEAN_BITS);
+    if !(3.0..=8.0).contains(&budget) {
+        return Err(QuantError::InvalidArgument {
+            dtype,
+            reason: format!("mean_bits must lie in [3, 8], got {budget}"),
+        });
+    }
+    Ok(budget as f64)
 }
 
 /// Measured bits per weight: `8 · nbytes / numel` (0 for an empty tensor, NaN for a shape

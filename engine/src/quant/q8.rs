@@ -73,11 +73,21 @@ pub(super) fn encode_q8_row(g: Geom, values: &[f32], out: &mut Vec<u8>) -> Resul
 /// tensor's magnitude, and leaves the magnitude to the row scale.
 pub fn column_field(g: Geom, values: &[f32]) -> Vec<half::f16> {
     let mut colmax = vec![0.0f32; g.cols];
-    for r in 0..g.rows {
-        for (m, w) in colmax.iter_mut().zip(&values[r * g.cols..(r + 1) * g.cols]) {
+    column_absmax(values, &mut colmax);
+    field_from_absmax(&colmax)
+}
+
+/// Folds the per-column largest |w| of `values` (rows of `colmax.len()`) into `colmax`.
+pub fn column_absmax(values: &[f32], colmax: &mut [f32]) {
+    for row in values.chunks_exact(colmax.len().max(1)) {
+        for (m, w) in colmax.iter_mut().zip(row) {
             *m = m.max(w.abs());
         }
     }
+}
+
+/// [`column_field`] from the columns' largest magnitudes.
+pub fn field_from_absmax(colmax: &[f32]) -> Vec<half::f16> {
     let (sum, count) = colmax
         .iter()
         .filter(|&&m| m > 0.0)
@@ -97,7 +107,23 @@ pub fn column_field(g: Geom, values: &[f32]) -> Vec<half::f16> {
 }
 
 pub(super) fn encode_q8_2f(g: Geom, values: &[f32], out: &mut Vec<u8>) -> Result<(), QuantError> {
-    let field = column_field(g, values);
+    encode_q8_2f_with(g, values, &column_field(g, values), out)
+}
+
+/// `q8_2f` with a given column field (decided over all rows while `values` may be a block
+/// of them).
+pub(super) fn encode_q8_2f_with(
+    g: Geom,
+    values: &[f32],
+    field: &[half::f16],
+    out: &mut Vec<u8>,
+) -> Result<(), QuantError> {
+    if field.len() != g.cols {
+        return Err(QuantError::InvalidArgument {
+            dtype: DType::Q8_2f,
+            reason: format!("a column field of {} for {} columns", field.len(), g.cols),
+        });
+    }
     let col: Vec<f32> = field.iter().map(|c| c.to_f32()).collect();
     let mut scales = Vec::with_capacity(2 * g.rows);
     for r in 0..g.rows {
@@ -113,7 +139,7 @@ pub(super) fn encode_q8_2f(g: Geom, values: &[f32], out: &mut Vec<u8>) -> Result
         scales.extend_from_slice(&s.to_le_bytes());
     }
     out.extend_from_slice(&scales);
-    for c in &field {
+    for c in field {
         out.extend_from_slice(&c.to_le_bytes());
     }
     Ok(())

@@ -1,27 +1,34 @@
 //! Encoding a tensor a block of rows at a time, so that a converter never holds a large
 //! tensor's f32 values: only its encoded payload and one block of values per thread.
 //!
-//! This works for the codecs whose payload is *row-separable*: a concatenation of planes,
-//! plane `i` holding `b_i` bytes per row in row order, and each row encoded without
-//! looking at the others. Encoding rows `r0 .. r1` as a tensor `[r1 − r0, cols]` then
-//! gives exactly those rows' share of every plane of the whole tensor's payload, so the
-//! payload is assembled plane by plane from the blocks, bit-identical to [`encode`] on
-//! the whole tensor (a test checks this for every separable codec).
+//! A payload is a concatenation of planes. For most codecs every plane holds a fixed
+//! number of bytes per row, in row order, and each row is encoded without looking at the
+//! others: encoding rows `r0 .. r1` as a tensor `[r1 − r0, cols]` gives exactly those
+//! rows' share of every plane, so the payload is assembled plane by plane from the blocks.
 //!
-//! Not separable: `q8_2f` (a column field over all rows), `vbit`/`vbit_ro` (a bit budget
-//! over all rows), `q1s`/`q1t` (outliers chosen over the whole tensor), and the flattened
-//! group codecs when a group of 32 straddles two rows (`cols % 32 != 0`).
+//! Two codecs decide something from all rows first (a [`Decision`]): `q8_2f` its column
+//! field (from the columns' largest magnitudes), `vbit`/`vbit_ro` the row widths (water-
+//! filled on the rows' magnitudes, possibly jointly over a layer's experts, §3.2). A first
+//! streamed pass gathers those statistics; with the decision made, their rows too encode
+//! independently (the packed rows of `vbit` have lengths known from the widths, and the
+//! column field and `vbit_ro` offsets are written once for the whole tensor).
+//!
+//! Either way the payload is bit-identical to [`encode`] on the whole tensor (tested for
+//! every streamable codec). Not streamable: `q1s`/`q1t` (outliers chosen over the whole
+//! tensor) and the flattened group codecs when a group of 32 straddles two rows
+//! (`cols % 32 != 0`).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use half::f16;
 use rayon::prelude::*;
 
-use super::{encode, geometry, layout::Q4tpLayout, EncodeOptions, Geom, QuantError};
+use super::{encode, geometry, layout::Q4tpLayout, q8, vbit, EncodeOptions, Geom, QuantError};
 use crate::format::dtype::DType;
 
 /// Bytes per row of each plane of a `dtype` payload of `shape`, in payload order, when
-/// the payload is row-separable (see the module comment); `None` otherwise.
+/// every plane has a fixed size per row and rows encode independently; `None` otherwise.
 pub fn row_planes(dtype: DType, shape: &[u64]) -> Option<Vec<usize>> {
     let g = geometry(dtype, shape).ok()?;
     let grouped = g.cols.is_multiple_of(32);
@@ -41,36 +48,301 @@ pub fn row_planes(dtype: DType, shape: &[u64]) -> Option<Vec<usize>> {
     }
 }
 
+/// Whether [`encode_row_blocks`] can encode `dtype` at `shape` a block of rows at a time.
+pub fn streamable(dtype: DType, shape: &[u64]) -> bool {
+    row_planes(dtype, shape).is_some()
+        || (needs_first_pass(dtype) && geometry(dtype, shape).is_ok())
+}
+
+/// Whether `dtype` decides something from all rows before encoding any (see the module
+/// comment).
+pub fn needs_first_pass(dtype: DType) -> bool {
+    matches!(dtype, DType::Vbit | DType::VbitRo | DType::Q8_2f)
+}
+
+/// What the first pass over all rows gathers.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Stats {
+    /// `vbit`: each row's magnitude ([`vbit::row_magnitudes`]).
+    RowMagnitudes(Vec<f64>),
+    /// `q8_2f`: each column's largest |w|.
+    ColumnAbsmax(Vec<f32>),
+}
+
+/// What a tensor-wide codec decided before encoding any row.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// `vbit`/`vbit_ro`: one width per row.
+    Bits(Vec<u8>),
+    /// `q8_2f`: the column field.
+    Field(Vec<f16>),
+}
+
 /// Rows per block: about 64 Ki values (256 KiB of f32), at least one row.
 fn block_rows(cols: usize) -> usize {
     (65_536 / cols.max(1)).max(1)
 }
 
+/// The row blocks of a tensor of `rows` rows of `cols`.
+fn blocks(rows: usize, cols: usize) -> impl IndexedParallelIterator<Item = Range<usize>> {
+    let br = block_rows(cols);
+    (0..rows.div_ceil(br))
+        .into_par_iter()
+        .map(move |k| k * br..((k + 1) * br).min(rows))
+}
+
+fn not_finite_check(
+    dtype: DType,
+    r0: usize,
+    cols: usize,
+    values: &[f32],
+) -> Result<(), QuantError> {
+    match values.iter().position(|v| !v.is_finite()) {
+        Some(i) => Err(QuantError::NonFinite {
+            dtype,
+            index: r0 * cols + i,
+            value: values[i],
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The first pass of a codec that [`needs_first_pass`]: streams every row block of the
+/// tensor through `source` (as in [`encode_row_blocks`]) and gathers its [`Stats`].
+/// `Ok(None)` for the other codecs.
+pub fn first_pass<E: Send>(
+    dtype: DType,
+    shape: &[u64],
+    source: impl Fn(Range<usize>, &mut [f32]) -> Result<(), E> + Sync,
+    quant_err: impl Fn(QuantError) -> E + Sync,
+) -> Result<Option<Stats>, E> {
+    if !needs_first_pass(dtype) {
+        return Ok(None);
+    }
+    let g = geometry(dtype, shape).map_err(&quant_err)?;
+    let per_block = blocks(g.rows, g.cols)
+        .map(|rows| -> Result<Stats, E> {
+            let mut values = vec![0f32; rows.len() * g.cols];
+            source(rows.clone(), &mut values)?;
+            not_finite_check(dtype, rows.start, g.cols, &values).map_err(&quant_err)?;
+            Ok(if dtype == DType::Q8_2f {
+                let mut colmax = vec![0f32; g.cols];
+                q8::column_absmax(&values, &mut colmax);
+                Stats::ColumnAbsmax(colmax)
+            } else {
+                Stats::RowMagnitudes(vbit::row_magnitudes(&values, g.cols))
+            })
+        })
+        .collect::<Result<Vec<Stats>, E>>()?;
+    let mut all = if dtype == DType::Q8_2f {
+        Stats::ColumnAbsmax(vec![0f32; g.cols])
+    } else {
+        Stats::RowMagnitudes(Vec::with_capacity(g.rows))
+    };
+    for b in per_block {
+        match (&mut all, b) {
+            (Stats::ColumnAbsmax(all), Stats::ColumnAbsmax(b)) => {
+                for (m, v) in all.iter_mut().zip(b) {
+                    *m = m.max(v);
+                }
+            }
+            (Stats::RowMagnitudes(all), Stats::RowMagnitudes(b)) => all.extend(b),
+            _ => unreachable!("one kind of statistics per codec"),
+        }
+    }
+    Ok(Some(all))
+}
+
+/// The decision our encoder takes from `stats` (what [`encode`] on the whole tensor
+/// does): row widths water-filled to `opts`' mean budget, or the column field.
+pub fn decide(dtype: DType, stats: &Stats, opts: &EncodeOptions) -> Result<Decision, QuantError> {
+    match stats {
+        Stats::RowMagnitudes(m) => {
+            let budget = super::vbit_budget(dtype, opts)?;
+            Ok(Decision::Bits(vbit::allocate_bits(m, budget)))
+        }
+        Stats::ColumnAbsmax(c) => Ok(Decision::Field(q8::field_from_absmax(c))),
+    }
+}
+
+/// One plane of a payload as the whole tensor's payload lays it out.
+enum Plane {
+    /// `b` bytes per row (also in a block's payload).
+    Rows(usize),
+    /// Rows of varying length: row r at `starts[r] .. starts[r + 1]` (also in a block's
+    /// payload, relative to the block's first row).
+    VarRows(Vec<usize>),
+    /// Bytes for the whole tensor, written once; a block's payload holds its own version
+    /// there, `per_row · n + fixed` bytes long, which is skipped.
+    Whole {
+        bytes: Vec<u8>,
+        per_row: usize,
+        fixed: usize,
+    },
+}
+
+impl Plane {
+    fn len(&self, rows: usize) -> usize {
+        match self {
+            Plane::Rows(b) => b * rows,
+            Plane::VarRows(s) => s[rows],
+            Plane::Whole { bytes, .. } => bytes.len(),
+        }
+    }
+
+    /// Bytes of rows `rows` of this plane in the whole payload (`None`: written once).
+    fn span(&self, rows: &Range<usize>) -> Option<Range<usize>> {
+        match self {
+            Plane::Rows(b) => Some(b * rows.start..b * rows.end),
+            Plane::VarRows(s) => Some(s[rows.start]..s[rows.end]),
+            Plane::Whole { .. } => None,
+        }
+    }
+
+    /// Bytes of this plane in the payload of a block of `n` rows.
+    fn block_len(&self, rows: &Range<usize>) -> usize {
+        match self {
+            Plane::Whole { per_row, fixed, .. } => per_row * rows.len() + fixed,
+            _ => self.span(rows).map_or(0, |s| s.len()),
+        }
+    }
+}
+
+/// The planes of `dtype` at geometry `g` once `decision` is taken.
+fn planes_of(
+    dtype: DType,
+    shape: &[u64],
+    g: Geom,
+    decision: Option<&Decision>,
+) -> Result<Option<Vec<Plane>>, QuantError> {
+    let bad = |reason: String| QuantError::InvalidArgument { dtype, reason };
+    if let Some(p) = row_planes(dtype, shape) {
+        return Ok(Some(p.into_iter().map(Plane::Rows).collect()));
+    }
+    Ok(Some(match (dtype, decision) {
+        (DType::Vbit | DType::VbitRo, Some(Decision::Bits(bits))) => {
+            if bits.len() != g.rows {
+                return Err(bad(format!(
+                    "{} row widths for {} rows",
+                    bits.len(),
+                    g.rows
+                )));
+            }
+            let mut starts = Vec::with_capacity(g.rows + 1);
+            let mut at = 0usize;
+            starts.push(0);
+            for &b in bits {
+                at = (g.cols * b as usize)
+                    .div_ceil(8)
+                    .checked_add(at)
+                    .ok_or_else(|| bad("packed rows overflow".into()))?;
+                starts.push(at);
+            }
+            let mut p = vec![Plane::Rows(1), Plane::Rows(2 * (g.cols / 32))];
+            if dtype == DType::VbitRo {
+                let mut bytes = Vec::with_capacity(4 * starts.len());
+                for &s in &starts {
+                    let s = u32::try_from(s).map_err(|_| QuantError::OutOfRange {
+                        dtype,
+                        reason: "packed rows exceed the 4 GiB reach of u32 offsets".into(),
+                    })?;
+                    bytes.extend_from_slice(&s.to_le_bytes());
+                }
+                p.push(Plane::Whole {
+                    bytes,
+                    per_row: 4,
+                    fixed: 4,
+                });
+            }
+            p.push(Plane::VarRows(starts));
+            p
+        }
+        (DType::Q8_2f, Some(Decision::Field(field))) => {
+            let bytes: Vec<u8> = field.iter().flat_map(|c| c.to_le_bytes()).collect();
+            vec![
+                Plane::Rows(g.cols),
+                Plane::Rows(2),
+                Plane::Whole {
+                    bytes,
+                    per_row: 0,
+                    fixed: 2 * g.cols,
+                },
+            ]
+        }
+        (DType::Vbit | DType::VbitRo | DType::Q8_2f, _) => {
+            return Err(bad("the decision does not match the codec".into()))
+        }
+        _ => return Ok(None),
+    }))
+}
+
+/// Encodes rows `rows` (`values`) as a payload of `[rows.len(), cols]` under `decision`.
+fn encode_block(
+    dtype: DType,
+    cols: usize,
+    rows: &Range<usize>,
+    values: &[f32],
+    opts: &EncodeOptions,
+    decision: Option<&Decision>,
+) -> Result<Vec<u8>, QuantError> {
+    let n = rows.len();
+    let g = Geom {
+        numel: n * cols,
+        rows: n,
+        cols,
+    };
+    let mut out = Vec::new();
+    match decision {
+        None => return encode(dtype, &[n as u64, cols as u64], values, opts),
+        Some(Decision::Bits(bits)) => {
+            not_finite_check(dtype, rows.start, cols, values)?;
+            vbit::encode_with_bits(dtype, g, values, &bits[rows.clone()], &mut out)?
+        }
+        Some(Decision::Field(field)) => {
+            not_finite_check(dtype, rows.start, cols, values)?;
+            q8::encode_q8_2f_with(g, values, field, &mut out)?
+        }
+    }
+    Ok(out)
+}
+
 /// Encodes a `dtype` tensor of `shape` in blocks of rows on all threads, or returns
-/// `Ok(None)` when the codec is not row-separable (encode the whole tensor instead).
+/// `Ok(None)` when the codec is not [`streamable`] (encode the whole tensor instead).
 ///
 /// `source(rows, values)` fills `values` (`rows.len() · cols` of them) with the tensor's
 /// rows `rows`; `inspect(rows, values, block)` then sees those values beside their
 /// encoding `block` (a payload of shape `[rows.len(), cols]`), e.g. to measure the error.
-/// Codec errors reach the caller through `quant_err`.
+/// A codec that [`needs_first_pass`] takes `decision` when given (e.g. widths shared by a
+/// layer's experts), else runs [`first_pass`] (a second read of every row) and
+/// [`decide`]s. Codec errors reach the caller through `quant_err`.
 /// Memory: the payload plus one block of values and one block payload per thread.
 pub fn encode_row_blocks<E: Send>(
     dtype: DType,
     shape: &[u64],
     opts: &EncodeOptions,
+    decision: Option<Decision>,
     source: impl Fn(Range<usize>, &mut [f32]) -> Result<(), E> + Sync,
     inspect: impl Fn(Range<usize>, &[f32], &[u8]) -> Result<(), E> + Sync,
     quant_err: impl Fn(QuantError) -> E + Sync,
 ) -> Result<Option<Vec<u8>>, E> {
-    let Some(planes) = row_planes(dtype, shape) else {
+    if !streamable(dtype, shape) {
+        return Ok(None);
+    }
+    let g = geometry(dtype, shape).map_err(&quant_err)?;
+    let decision = match (decision, needs_first_pass(dtype)) {
+        (d @ Some(_), true) => d,
+        (_, true) => match first_pass(dtype, shape, &source, &quant_err)? {
+            Some(stats) => Some(decide(dtype, &stats, opts).map_err(&quant_err)?),
+            None => None,
+        },
+        (_, false) => None,
+    };
+    let Some(planes) = planes_of(dtype, shape, g, decision.as_ref()).map_err(&quant_err)? else {
         return Ok(None);
     };
-    let g = geometry(dtype, shape).map_err(&quant_err)?;
-    // Checked: the plane sizes of a shape `geometry` accepted fit in memory only if the
-    // payload does.
     let total = planes
         .iter()
-        .try_fold(0usize, |a, b| a.checked_add(b.checked_mul(g.rows)?));
+        .try_fold(0usize, |a, p| a.checked_add(p.len(g.rows)));
     let mut payload = Vec::new();
     match total {
         Some(t) if payload.try_reserve_exact(t).is_ok() => payload.resize(t, 0u8),
@@ -82,36 +354,44 @@ pub fn encode_row_blocks<E: Send>(
         }
     }
 
-    // Per block, its share of every plane: block k gets rows k·br .. and the matching
-    // chunk of each plane, so the blocks write disjoint bytes.
-    let br = block_rows(g.cols);
-    let mut per_block: Vec<Vec<&mut [u8]>> = (0..g.rows.div_ceil(br)).map(|_| Vec::new()).collect();
+    // Per block, its share of every plane, so the blocks write disjoint bytes; the
+    // tensor-wide planes are written now.
+    let ranges: Vec<Range<usize>> = blocks(g.rows, g.cols).collect();
+    let mut per_block: Vec<Vec<&mut [u8]>> = ranges.iter().map(|_| Vec::new()).collect();
     let mut rest: &mut [u8] = &mut payload;
-    for &b in &planes {
-        let (plane, tail) = rest.split_at_mut(b * g.rows);
+    for p in &planes {
+        let (mut plane, tail) = std::mem::take(&mut rest).split_at_mut(p.len(g.rows));
         rest = tail;
-        if b == 0 {
+        if let Plane::Whole { bytes, .. } = p {
+            plane.copy_from_slice(bytes);
             continue;
         }
-        for (k, chunk) in plane.chunks_mut(b * br).enumerate() {
+        for (k, rows) in ranges.iter().enumerate() {
+            let len = p.span(rows).map_or(0, |s| s.len());
+            let (chunk, more) = std::mem::take(&mut plane).split_at_mut(len);
+            plane = more;
             per_block[k].push(chunk);
         }
     }
-    per_block
+    let decision = decision.as_ref();
+    ranges
         .into_par_iter()
-        .enumerate()
-        .try_for_each(|(k, mut dest)| -> Result<(), E> {
-            let r0 = k * br;
-            let rows = r0..(r0 + br).min(g.rows);
-            let n = rows.len();
-            let mut values = vec![0f32; n * g.cols];
+        .zip(per_block)
+        .try_for_each(|(rows, mut dest)| -> Result<(), E> {
+            let mut values = vec![0f32; rows.len() * g.cols];
             source(rows.clone(), &mut values)?;
             let block =
-                encode(dtype, &[n as u64, g.cols as u64], &values, opts).map_err(&quant_err)?;
+                encode_block(dtype, g.cols, &rows, &values, opts, decision).map_err(&quant_err)?;
             let mut at = 0;
-            for (d, &b) in dest.iter_mut().zip(planes.iter().filter(|&&b| b > 0)) {
-                d.copy_from_slice(&block[at..at + b * n]);
-                at += b * n;
+            let mut dest = dest.iter_mut();
+            for p in &planes {
+                let len = p.block_len(&rows);
+                if !matches!(p, Plane::Whole { .. }) {
+                    if let Some(d) = dest.next() {
+                        d.copy_from_slice(&block[at..at + len]);
+                    }
+                }
+                at += len;
             }
             inspect(rows, &values, &block)
         })?;
@@ -161,6 +441,9 @@ mod tests {
             DType::Q4Tiled,
             DType::Q4tp,
             DType::Q1,
+            DType::Q8_2f,
+            DType::Vbit,
+            DType::VbitRo,
         ] {
             // More rows than one block holds, and a ragged last block.
             for shape in [[700u64, 256], [3, 64], [1, 32], [2100, 64]] {
@@ -172,6 +455,7 @@ mod tests {
                     dtype,
                     &shape,
                     &opts,
+                    None,
                     |rows, out| {
                         out.copy_from_slice(&all[rows.start * cols..rows.end * cols]);
                         Ok(())
@@ -193,9 +477,18 @@ mod tests {
 
     #[test]
     fn tensor_wide_codecs_are_not_separable() {
-        for dtype in [DType::Q8_2f, DType::Vbit, DType::VbitRo, DType::Q1s, DType::Q1t] {
+        for dtype in [
+            DType::Q8_2f,
+            DType::Vbit,
+            DType::VbitRo,
+            DType::Q1s,
+            DType::Q1t,
+        ] {
             assert_eq!(row_planes(dtype, &[64, 64]), None, "{dtype}");
         }
+        assert!(!streamable(DType::Q1s, &[64, 64]));
+        assert!(!streamable(DType::Q1t, &[64, 64]));
+        assert!(streamable(DType::Vbit, &[64, 64]));
         // A q1 group of 32 straddling rows.
         assert_eq!(row_planes(DType::Q1, &[4, 40]), None);
         assert!(row_planes(DType::F16, &[4, 40]).is_some());
@@ -207,6 +500,7 @@ mod tests {
             DType::Q8Row,
             &[5000, 64],
             &EncodeOptions::default(),
+            None,
             |rows, _| {
                 if rows.start > 0 {
                     Err(QuantError::InvalidArgument {
@@ -226,7 +520,9 @@ mod tests {
     #[test]
     fn max_of_floats_across_threads() {
         let m = MaxF32::default();
-        (0..1000).into_par_iter().for_each(|i| m.observe(i as f32 * 0.5));
+        (0..1000)
+            .into_par_iter()
+            .for_each(|i| m.observe(i as f32 * 0.5));
         assert_eq!(m.get(), 499.5);
     }
 }

@@ -321,11 +321,25 @@ pub fn allocate_bits(rms: &[f64], budget: f64) -> Vec<u8> {
     at(lo)
 }
 
-/// Encoder: widths by [`allocate_bits`] with `a_r = sqrt(mean over the row's groups of
-/// absmax²)` — the step of a group is `absmax/L`, so this is the magnitude that sets the
-/// row's error (on the fixture weights it beats the plain row RMS by ~2.5% MSE at equal
-/// size); then per group `scale = f16(absmax/L)` and `u = clamp(round_ties_even(w/scale) +
-/// L, 0, 2^b − 1)` with the rounded scale (`u = L` for a zero group).
+/// The magnitude `a_r` of each row of `values` (`[rows, cols]`) that [`allocate_bits`]
+/// water-fills on: `sqrt(mean over the row's groups of absmax²)` — the step of a group is
+/// `absmax/L`, so this is the magnitude that sets the row's error (on the fixture weights
+/// it beats the plain row RMS by ~2.5% MSE at equal size).
+pub fn row_magnitudes(values: &[f32], cols: usize) -> Vec<f64> {
+    values
+        .chunks_exact(cols.max(1))
+        .map(|row| {
+            let ss: f64 = row
+                .chunks_exact(GROUP)
+                .map(|grp| (absmax(grp) as f64).powi(2))
+                .sum();
+            (ss / (row.len() / GROUP).max(1) as f64).sqrt()
+        })
+        .collect()
+}
+
+/// Encoder: widths by [`allocate_bits`] over [`row_magnitudes`], then
+/// [`encode_with_bits`].
 pub(super) fn encode(
     dtype: DType,
     g: Geom,
@@ -333,18 +347,32 @@ pub(super) fn encode(
     budget: f64,
     out: &mut Vec<u8>,
 ) -> Result<(), QuantError> {
-    let rms: Vec<f64> = (0..g.rows)
-        .map(|r| {
-            let row = &values[r * g.cols..(r + 1) * g.cols];
-            let ss: f64 = row
-                .chunks_exact(GROUP)
-                .map(|grp| (absmax(grp) as f64).powi(2))
-                .sum();
-            (ss / (row.len() / GROUP).max(1) as f64).sqrt()
-        })
-        .collect();
-    let bits = allocate_bits(&rms, budget);
-    out.extend_from_slice(&bits);
+    let bits = allocate_bits(&row_magnitudes(values, g.cols), budget);
+    encode_with_bits(dtype, g, values, &bits, out)
+}
+
+/// Encodes `values` with the row widths `bits` (one per row, each in [`ALLOWED_BITS`]):
+/// per group `scale = f16(absmax/L)` and `u = clamp(round_ties_even(w/scale) + L, 0,
+/// 2^b − 1)` with the rounded scale (`u = L` for a zero group). Widths decided elsewhere
+/// (a budget shared by a layer's experts, §3.2) come in here.
+pub(super) fn encode_with_bits(
+    dtype: DType,
+    g: Geom,
+    values: &[f32],
+    bits: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), QuantError> {
+    if bits.len() != g.rows || bits.iter().any(|b| !ALLOWED_BITS.contains(b)) {
+        return Err(QuantError::InvalidArgument {
+            dtype,
+            reason: format!(
+                "{} row widths for {} rows, each one of {ALLOWED_BITS:?}",
+                bits.len(),
+                g.rows
+            ),
+        });
+    }
+    out.extend_from_slice(bits);
     let mut packed = Vec::new();
     let mut offsets = Vec::with_capacity(if dtype == DType::VbitRo {
         4 * (g.rows + 1)
