@@ -10,6 +10,7 @@
 //! reference converter writes, `norm_style` per family (`shared/spec/NOTES.md`), `moe`
 //! (§2.2) and `mtp` (§2.1) when the checkpoint carries them.
 
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -283,6 +284,78 @@ impl Checkpoint {
         Ok(out)
     }
 
+    /// Rows `rows` of `t` seen as a matrix of `cols` columns (the codec's geometry) into
+    /// `out` (`rows.len() · cols` values), exact for every source dtype. The pages read are
+    /// released at once (see [`Checkpoint::release`]): a converter reads each row once per
+    /// pass.
+    pub fn read_rows(
+        &self,
+        t: &SourceTensor,
+        rows: std::ops::Range<usize>,
+        cols: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let map = self.maps.get(t.file);
+        let short = || invalid(format!("tensor {} lies outside its file", t.source_name));
+        let w = t.dtype.width();
+        // Absolute byte ranges of the wanted rows, in order.
+        let spans: Vec<(usize, usize)> = match &t.gather {
+            None => {
+                let a = rows.start.checked_mul(cols).and_then(|e| e.checked_mul(w));
+                let b = rows.end.checked_mul(cols).and_then(|e| e.checked_mul(w));
+                vec![(a.ok_or_else(short)?, b.ok_or_else(short)?)]
+            }
+            Some(g) => {
+                if g.cols != cols {
+                    return Err(invalid(format!(
+                        "{}: rows of {} columns read as {cols}",
+                        t.name, g.cols
+                    )));
+                }
+                let row_bytes = g.cols.checked_mul(w).ok_or_else(short)?;
+                let mut spans = Vec::new();
+                let mut first = 0usize; // gathered index of the range's first row
+                for &(r0, n) in &g.ranges {
+                    let lo = rows.start.max(first);
+                    let hi = rows.end.min(first + n);
+                    if lo < hi {
+                        let src = r0 + (lo - first);
+                        let a = src.checked_mul(row_bytes).ok_or_else(short)?;
+                        let b = (src + (hi - lo)).checked_mul(row_bytes).ok_or_else(short)?;
+                        spans.push((a, b));
+                    }
+                    first += n;
+                }
+                spans
+            }
+        };
+        let mut at = 0;
+        for (a, b) in spans {
+            let (a, b) = (t.start + a, t.start + b);
+            if b > t.end {
+                return Err(short());
+            }
+            let bytes = map.and_then(|m| m.get(a..b)).ok_or_else(short)?;
+            let n = bytes.len() / w;
+            let asked = out.len();
+            let dst = out
+                .get_mut(at..at + n)
+                .ok_or_else(|| invalid(format!("{}: {asked} values asked, more read", t.name)))?;
+            to_f32_into(t.dtype, bytes, dst);
+            at += n;
+            if let Some(m) = map {
+                super::release_pages(m, a as u64, b as u64);
+            }
+        }
+        if at != out.len() {
+            return Err(invalid(format!(
+                "{}: rows {rows:?} of {cols} columns lie outside the tensor",
+                t.name
+            )));
+        }
+        Ok(())
+    }
+
     /// Lets the kernel drop the mapped source pages of `t` once its values are read, so
     /// resident memory does not grow with the model: the pages are file-backed and clean,
     /// and are read again from the file should a fused neighbour need them.
@@ -302,6 +375,26 @@ impl Checkpoint {
         String::from_utf8(bytes)
             .map(Some)
             .map_err(|_| invalid(format!("{} is not UTF-8", p.display())))
+    }
+}
+
+fn to_f32_into(dtype: SourceDType, bytes: &[u8], out: &mut [f32]) {
+    match dtype {
+        SourceDType::F32 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        SourceDType::F16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        SourceDType::Bf16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
     }
 }
 
@@ -1108,6 +1201,14 @@ pub fn plan(ck: &Checkpoint, opts: &ConvertOptions) -> Result<ConvertPlan> {
     if let Some(s) = opts.shard_max_bytes {
         options.insert("shard_max_bytes".into(), json!(s));
     }
+    if matches!(opts.quant, DType::Vbit | DType::VbitRo)
+        && tensors.iter().any(|t| expert_family(&t.name).is_some())
+    {
+        options.insert(
+            "vbit_budget".into(),
+            json!("shared by the routed experts of each layer and projection (§3.2)"),
+        );
+    }
     let mut provenance = Map::new();
     provenance.insert("tool".into(), json!("cortiq convert"));
     provenance.insert(
@@ -1154,6 +1255,72 @@ pub fn plan(ck: &Checkpoint, opts: &ConvertOptions) -> Result<ConvertPlan> {
     })
 }
 
+/// `model.layers.3.mlp.experts.7.up_proj.weight` → its family (§3.2: layer ×
+/// projection), `("model.layers.3.mlp.experts.", "up_proj")`.
+fn expert_family(name: &str) -> Option<(&str, &str)> {
+    let at = name.find(".mlp.experts.")? + ".mlp.experts.".len();
+    let (expert, tail) = name[at..].split_once('.')?;
+    expert.parse::<u64>().ok()?;
+    let role = tail.strip_suffix(".weight")?;
+    matches!(role, "gate_proj" | "up_proj" | "down_proj").then_some((&name[..at], role))
+}
+
+/// The `vbit` row widths of every routed expert written as `vbit`/`vbit_ro`, decided per
+/// family (§3.2): the budget is shared by all the family's rows, which is water-filling
+/// over them jointly — a loud expert gets more bits, a quiet one is held at the floor.
+/// One streamed first pass over the experts gathers their row magnitudes.
+fn expert_widths(
+    ck: &Checkpoint,
+    plan: &ConvertPlan,
+    opts: &ConvertOptions,
+) -> Result<HashMap<usize, quant::rows::Decision>> {
+    use rayon::prelude::*;
+    let mut families: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
+    for (i, t) in plan.spec.tensors.iter().enumerate() {
+        if matches!(t.dtype, DType::Vbit | DType::VbitRo) {
+            if let Some(f) = expert_family(&t.name) {
+                families.entry(f).or_default().push(i);
+            }
+        }
+    }
+    let mut out = HashMap::new();
+    for members in families.values() {
+        let magnitudes: Vec<Vec<f64>> = members
+            .par_iter()
+            .map(|&i| -> Result<Vec<f64>> {
+                let (t, src) = (&plan.spec.tensors[i], &ck.tensors[plan.sources[i]]);
+                let quant_err = |source| HfError::Quant {
+                    tensor: t.name.clone(),
+                    source,
+                };
+                let g = quant::geometry(t.dtype, &t.shape).map_err(quant_err)?;
+                let stats = quant::rows::first_pass(
+                    t.dtype,
+                    &t.shape,
+                    |rows, v| ck.read_rows(src, rows, g.cols, v),
+                    quant_err,
+                )?;
+                match stats {
+                    Some(quant::rows::Stats::RowMagnitudes(m)) => Ok(m),
+                    _ => Err(invalid(format!("{}: no row magnitudes for vbit", t.name))),
+                }
+            })
+            .collect::<Result<_>>()?;
+        let all: Vec<f64> = magnitudes.iter().flatten().copied().collect();
+        let dtype = plan.spec.tensors[members[0]].dtype;
+        let budget = quant::vbit_budget(dtype, &opts.encode).map_err(|source| HfError::Quant {
+            tensor: plan.spec.tensors[members[0]].name.clone(),
+            source,
+        })?;
+        let mut bits = quant::vbit::allocate_bits(&all, budget).into_iter();
+        for (&i, m) in members.iter().zip(&magnitudes) {
+            let b: Vec<u8> = bits.by_ref().take(m.len()).collect();
+            out.insert(i, quant::rows::Decision::Bits(b));
+        }
+    }
+    Ok(out)
+}
+
 /// Progress of a running conversion, one event per tensor written.
 #[derive(Clone, Debug)]
 pub struct Progress<'a> {
@@ -1187,23 +1354,46 @@ pub fn convert(
     let mut source_bytes = 0u64;
     let mut failure: Option<HfError> = None;
     let max = opts.shard_max_bytes.unwrap_or(u64::MAX);
+    let widths = expert_widths(&ck, &plan, opts)?;
     // Encoding is the expensive part and tensors are independent: encode a batch ahead on
-    // all threads (bounded to ~256 MiB of f32 values in flight), then hand the payloads
-    // to the writer in order.
+    // all threads, then hand the payloads to the writer in order. A tensor is read a block
+    // of rows at a time where its codec allows (quant::rows), so its f32 values never
+    // exist whole; the batch is bounded by what its tensors hold in memory.
     let encode_one = |i: usize| -> Result<Vec<u8>> {
         let src = &ck.tensors[plan.sources[i]];
+        let dtype = dtypes[i];
+        let quant_err = |source| HfError::Quant {
+            tensor: src.name.clone(),
+            source,
+        };
+        let g = quant::geometry(dtype, &src.shape).map_err(quant_err)?;
+        let streamed = quant::rows::encode_row_blocks(
+            dtype,
+            &src.shape,
+            &opts.encode,
+            widths.get(&i).cloned(),
+            |rows, out| ck.read_rows(src, rows, g.cols, out),
+            |_, _, _| Ok(()),
+            quant_err,
+        )?;
+        if let Some(payload) = streamed {
+            return Ok(payload);
+        }
         let values = ck.values(src);
         ck.release(src);
-        values.and_then(|values| {
-            quant::encode(dtypes[i], &src.shape, &values, &opts.encode).map_err(|source| {
-                HfError::Quant {
-                    tensor: src.name.clone(),
-                    source,
-                }
-            })
-        })
+        quant::encode(dtype, &src.shape, &values?, &opts.encode).map_err(quant_err)
     };
-    const BATCH_F32_BYTES: u64 = 256 << 20;
+    let working_set = |i: usize| -> u64 {
+        let src = &ck.tensors[plan.sources[i]];
+        let numel = crate::format::dtype::numel(&src.shape).unwrap_or(0);
+        let payload = match dtypes[i].size_for(&src.shape) {
+            Ok(crate::format::dtype::Size::Exact(n) | crate::format::dtype::Size::AtLeast(n)) => n,
+            _ => numel,
+        };
+        let whole = !quant::rows::streamable(dtypes[i], &src.shape);
+        payload + if whole { numel.saturating_mul(4) } else { 0 }
+    };
+    const BATCH_BYTES: u64 = 64 << 20;
     let mut ready: std::collections::VecDeque<(usize, Result<Vec<u8>>)> =
         std::collections::VecDeque::new();
     let result = writer::write_sharded(out, plan.spec, max, |i| {
@@ -1211,11 +1401,8 @@ pub fn convert(
             ready.clear();
             let mut end = i;
             let mut bytes = 0u64;
-            while end < total && (end == i || bytes < BATCH_F32_BYTES) {
-                let src = &ck.tensors[plan.sources[end]];
-                bytes += crate::format::dtype::numel(&src.shape)
-                    .unwrap_or(0)
-                    .saturating_mul(4);
+            while end < total && (end == i || bytes + working_set(end) <= BATCH_BYTES) {
+                bytes += working_set(end);
                 end += 1;
             }
             use rayon::prelude::*;

@@ -54,6 +54,25 @@ fn source_tensors(dir: &Path) -> HashMap<String, (Vec<u64>, Vec<f32>)> {
         .collect()
 }
 
+/// Writes `tensors` (name, shape, little-endian bytes of `dtype`) as `path`.
+fn write_safetensors(
+    path: &Path,
+    dtype: safetensors::Dtype,
+    tensors: &[(String, Vec<u64>, Vec<u8>)],
+) {
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, s, b)| {
+            let shape: Vec<usize> = s.iter().map(|&d| d as usize).collect();
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(dtype, shape, b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
 fn payload_check(d: DType, s: &[u64], b: &[u8]) -> Result<(), String> {
     quant::validate(d, s, b).map_err(|e| e.to_string())
 }
@@ -337,15 +356,7 @@ fn half_precision_sources_and_fused_experts() {
             let n = name.replacen("model.", "model.language_model.", 1);
             out.push((n, shape.clone(), enc(v)));
         }
-        let views: Vec<(String, safetensors::tensor::TensorView)> = out
-            .iter()
-            .map(|(n, s, b)| {
-                let shape: Vec<usize> = s.iter().map(|&d| d as usize).collect();
-                let v = safetensors::tensor::TensorView::new(st_dtype, shape, b).unwrap();
-                (n.clone(), v)
-            })
-            .collect();
-        safetensors::serialize_to_file(views, None, &tmp.path().join("model.safetensors")).unwrap();
+        write_safetensors(&tmp.path().join("model.safetensors"), st_dtype, &out);
         let cmf = tmp.path().join("out.cmf");
         let opts = ConvertOptions::new(DType::F32);
         let s = hf::convert(tmp.path(), &cmf, &opts, &mut |_| {}).unwrap();
@@ -480,21 +491,15 @@ fn fused_qwen3_next_projections_are_split() {
         }
     }
     assert_eq!(fused_layers, 3);
-    let bytes: Vec<Vec<u8>> = out
-        .iter()
-        .map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+    let out: Vec<(String, Vec<u64>, Vec<u8>)> = out
+        .into_iter()
+        .map(|(n, s, v)| (n, s, v.iter().flat_map(|x| x.to_le_bytes()).collect()))
         .collect();
-    let views: Vec<(String, safetensors::tensor::TensorView)> = out
-        .iter()
-        .zip(&bytes)
-        .map(|((n, s, _), b)| {
-            let shape: Vec<usize> = s.iter().map(|&d| d as usize).collect();
-            let v =
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape, b).unwrap();
-            (n.clone(), v)
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, &tmp.path().join("model.safetensors")).unwrap();
+    write_safetensors(
+        &tmp.path().join("model.safetensors"),
+        safetensors::Dtype::F32,
+        &out,
+    );
     let cmf = tmp.path().join("out.cmf");
     hf::convert(
         tmp.path(),
@@ -703,4 +708,83 @@ fn arch_from_older_and_other_configs() {
     let mut bad = cfg.clone();
     bad["num_experts_per_tok"] = 9.into();
     assert!(hf::build_arch(&bad, &["model.layers.0.mlp.gate.weight"]).is_err());
+}
+
+/// §3.2: a vbit budget is shared by the routed experts of a layer and projection. With
+/// expert 0 of every layer 16× louder than the others, joint water-filling gives it about
+/// log2(16) = 4 bits more per row than its quiet siblings, while each family's mean width
+/// stays within the budget; per-tensor allocation would give every expert the same mean.
+#[test]
+fn moe_experts_share_a_vbit_budget_per_family() {
+    let src_dir = shared("hf/qwen3_moe");
+    let src = source_tensors(&src_dir);
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src_dir.join(f), tmp.path().join(f)).unwrap();
+    }
+    let out: Vec<(String, Vec<u64>, Vec<u8>)> = src
+        .iter()
+        .map(|(name, (shape, v))| {
+            let k = if name.contains(".mlp.experts.0.") {
+                16.0
+            } else {
+                1.0
+            };
+            let bytes = v.iter().flat_map(|x| (x * k).to_le_bytes()).collect();
+            (name.clone(), shape.clone(), bytes)
+        })
+        .collect();
+    write_safetensors(
+        &tmp.path().join("model.safetensors"),
+        safetensors::Dtype::F32,
+        &out,
+    );
+    for dtype in [DType::Vbit, DType::VbitRo] {
+        let cmf = tmp.path().join(format!("{dtype}.cmf"));
+        let mut opts = ConvertOptions::new(dtype);
+        opts.encode.mean_bits = Some(4.5);
+        hf::convert(tmp.path(), &cmf, &opts, &mut |_| {}).unwrap();
+        let file = assert_verifies(&cmf);
+        let mean_bits = |name: &str| {
+            let (e, bytes) = file.tensor(name).unwrap();
+            assert_eq!(e.dtype, dtype, "{name}");
+            let rows = e.shape[0] as usize;
+            bytes[..rows].iter().map(|&b| b as f64).sum::<f64>() / rows as f64
+        };
+        for layer in 0..4 {
+            for role in ["gate_proj", "up_proj", "down_proj"] {
+                let name = |e: usize| format!("model.layers.{layer}.mlp.experts.{e}.{role}.weight");
+                let means: Vec<f64> = (0..8).map(|e| mean_bits(&name(e))).collect();
+                let family = means.iter().sum::<f64>() / 8.0;
+                assert!(
+                    family <= 4.5 + 1e-9,
+                    "{dtype} {layer} {role}: mean {family}"
+                );
+                for (e, m) in means.iter().enumerate().skip(1) {
+                    assert!(
+                        means[0] >= m + 3.0,
+                        "{dtype} {layer} {role}: loud expert {:.2} bits, expert {e} {m:.2}",
+                        means[0]
+                    );
+                }
+            }
+        }
+        // Dense matrices keep their own budget.
+        let q = mean_bits("model.layers.0.self_attn.q_proj.weight");
+        assert!(q <= 4.5 && q > 3.5, "{dtype}: q_proj mean {q}");
+        let prov = file.header.provenance.as_ref().unwrap();
+        assert!(prov["options"]["vbit_budget"].is_string(), "{prov}");
+        // Each expert decodes within its codec bound of the source.
+        for (name, (shape, _)) in &src {
+            let (e, bytes) = file.tensor(name).unwrap();
+            assert_eq!(&e.shape, shape);
+            let got = quant::decode(e.dtype, &e.shape, bytes).unwrap();
+            let bound = quant::error_bounds(e.dtype, &e.shape, bytes).unwrap();
+            let (_, _, want) = out.iter().find(|(n, _, _)| n == name).unwrap();
+            for (i, (a, m)) in got.iter().zip(&bound).enumerate() {
+                let w = f32::from_le_bytes(want[4 * i..4 * i + 4].try_into().unwrap());
+                assert!((a - w).abs() <= *m, "{dtype} {name} [{i}]");
+            }
+        }
+    }
 }

@@ -368,7 +368,7 @@ pub fn encode(
 }
 
 /// The `vbit` mean bit budget of `opts`, checked.
-pub(crate) fn vbit_budget(dtype: DType, opts: &EncodeOptions) -> Result<f64, QuantError> {
+pub fn vbit_budget(dtype: DType, opts: &EncodeOptions) -> Result<f64, QuantError> {
     let budget = opts.mean_bits.unwrap_or(DEFAULT_VBIT_MEAN_BITS);
     if !(3.0..=8.0).contains(&budget) {
         return Err(QuantError::InvalidArgument {
