@@ -113,6 +113,17 @@ struct RowGather {
     cols: usize,
     /// `(first row, row count)` ranges of the source matrix.
     ranges: Vec<(usize, usize)>,
+    /// The source stores the matrix transposed (`[in, out]`, as fused experts of some
+    /// checkpoints do): `ranges` then name columns of the source matrix, whose rows are
+    /// `cols` (the input dimension) long and `stride` elements apart, starting at row
+    /// `first`.
+    transposed: Option<Transposed>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Transposed {
+    first: usize,
+    stride: usize,
 }
 
 /// A checkpoint directory with its safetensors files mapped.
@@ -227,7 +238,7 @@ impl Checkpoint {
             }
             maps.push(map);
         }
-        let tensors = split_fused_experts(tensors)?;
+        let tensors = split_fused_experts(tensors, &config)?;
         let tensors = split_fused_linear_attention(tensors, &config)?;
         let mut seen = std::collections::HashSet::new();
         for t in &tensors {
@@ -269,18 +280,12 @@ impl Checkpoint {
         };
         // Only the gathered rows are converted: a slice of a fused tensor costs its own
         // size, not the fused tensor's.
-        let row_bytes = g.cols.saturating_mul(t.dtype.width());
+        let rows: usize = g.ranges.iter().map(|r| r.1).sum();
         let mut out = Vec::new();
-        for &(r0, n) in &g.ranges {
-            let (a, b) = (
-                r0.saturating_mul(row_bytes),
-                r0.saturating_add(n).saturating_mul(row_bytes),
-            );
-            let part = bytes
-                .get(a..b)
-                .ok_or_else(|| invalid(format!("fused tensor {} is too short", t.source_name)))?;
-            out.extend(to_f32(t.dtype, part));
-        }
+        out.try_reserve_exact(rows.saturating_mul(g.cols))
+            .map_err(|_| invalid(format!("{}: cannot allocate its values", t.name)))?;
+        out.resize(rows * g.cols, 0f32);
+        self.read_rows(t, 0..rows, g.cols, &mut out)?;
         Ok(out)
     }
 
@@ -304,6 +309,9 @@ impl Checkpoint {
                 let a = rows.start.checked_mul(cols).and_then(|e| e.checked_mul(w));
                 let b = rows.end.checked_mul(cols).and_then(|e| e.checked_mul(w));
                 vec![(a.ok_or_else(short)?, b.ok_or_else(short)?)]
+            }
+            Some(g) if g.transposed.is_some() => {
+                return self.read_transposed(t, g, rows, cols, out);
             }
             Some(g) => {
                 if g.cols != cols {
@@ -352,6 +360,56 @@ impl Checkpoint {
                 "{}: rows {rows:?} of {cols} columns lie outside the tensor",
                 t.name
             )));
+        }
+        Ok(())
+    }
+
+    /// [`Checkpoint::read_rows`] of a matrix stored transposed: output row `r` (an output
+    /// feature) is column `r` of the stored `[in, out]` matrix, so a block of rows reads a
+    /// block of columns of every stored row.
+    fn read_transposed(
+        &self,
+        t: &SourceTensor,
+        g: &RowGather,
+        rows: std::ops::Range<usize>,
+        cols: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let Some(tr) = g.transposed else {
+            return Err(invalid(format!("{}: not a transposed tensor", t.name)));
+        };
+        let short = || invalid(format!("tensor {} lies outside its file", t.source_name));
+        let (&[(c0, n)], true) = (g.ranges.as_slice(), g.cols == cols) else {
+            return Err(invalid(format!("{}: unexpected transposed layout", t.name)));
+        };
+        if rows.end > n || out.len() != rows.len() * cols {
+            return Err(invalid(format!(
+                "{}: rows {rows:?} of {cols} columns lie outside the tensor",
+                t.name
+            )));
+        }
+        let w = t.dtype.width();
+        let map = self.maps.get(t.file).ok_or_else(short)?;
+        let mut col = vec![0f32; rows.len()];
+        for i in 0..cols {
+            // Stored row `first + i`, columns `c0 + rows`.
+            let e0 = (tr.first + i)
+                .checked_mul(tr.stride)
+                .and_then(|e| e.checked_add(c0 + rows.start))
+                .ok_or_else(short)?;
+            let a = e0
+                .checked_mul(w)
+                .and_then(|a| a.checked_add(t.start))
+                .ok_or_else(short)?;
+            let b = a + rows.len() * w;
+            if b > t.end {
+                return Err(short());
+            }
+            let bytes = map.get(a..b).ok_or_else(short)?;
+            to_f32_into(t.dtype, bytes, &mut col);
+            for (r, v) in col.iter().enumerate() {
+                out[r * cols + i] = *v;
+            }
         }
         Ok(())
     }
@@ -469,9 +527,17 @@ fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Checkpoints that store a layer's experts as one 3-D tensor (`mlp.experts.gate_up_proj
-/// [E, 2·I, H]`, `mlp.experts.down_proj [E, H, I]`)
-/// are split into one 2-D entry per expert and role, under the per-expert HF names (§2.2).
-fn split_fused_experts(tensors: Vec<SourceTensor>) -> Result<Vec<SourceTensor>> {
+/// [E, 2·I, H]`, `mlp.experts.down_proj [E, H, I]`, the transformers ≥ 5 layout, or the
+/// transposed `[E, H, 2·I]` / `[E, I, H]` of others) are split into one 2-D entry per
+/// expert and role, under the per-expert HF names (§2.2). Which layout a tensor has is
+/// read from its shape against `hidden_size` and `moe_intermediate_size`; a shape both
+/// layouts explain (H = 2·I for `gate_up_proj`, H = I for `down_proj`) is taken as
+/// transformers' `[E, out, in]`.
+fn split_fused_experts(tensors: Vec<SourceTensor>, cfg: &Value) -> Result<Vec<SourceTensor>> {
+    let hidden = get_u64(cfg, "hidden_size").map(|v| v as usize);
+    let inter = get_u64(cfg, "moe_intermediate_size")
+        .or_else(|| get_u64(cfg, "intermediate_size"))
+        .map(|v| v as usize);
     let mut out = Vec::with_capacity(tensors.len());
     for t in tensors {
         let Some((prefix, role)) = fused_expert_role(&t.name) else {
@@ -499,34 +565,70 @@ fn split_fused_experts(tensors: Vec<SourceTensor>) -> Result<Vec<SourceTensor>> 
                 t.source_name
             )));
         }
-        // transformers ≥ 5 stores `[E, out, in]`: each expert's matrix is contiguous,
-        // gate rows first, then up rows.
+        // The (out, in) of one expert's matrix as the config expects it.
+        let want = match (role, hidden, inter) {
+            ("gate_up_proj", Some(h), Some(i)) => Some((2 * i, h)),
+            ("gate_proj" | "up_proj", Some(h), Some(i)) => Some((i, h)),
+            ("down_proj", Some(h), Some(i)) => Some((h, i)),
+            _ => None,
+        };
+        let transposed = match want {
+            Some(w) if (a, b) == w => false,
+            Some(w) if (b, a) == w => true,
+            Some((o, i)) => {
+                return Err(invalid(format!(
+                    "fused expert tensor {} has shape {:?}: neither [E, {o}, {i}] nor \
+                     [E, {i}, {o}] as hidden_size and moe_intermediate_size imply",
+                    t.source_name, t.shape
+                )))
+            }
+            None => false,
+        };
+        // Per expert: `(out, in)` and the rows of the stored matrix (or, transposed, its
+        // columns) each role takes; gate rows come first, then up rows.
+        let (rows_out, cols_in) = if transposed { (b, a) } else { (a, b) };
         let parts: Vec<(&str, usize, usize)> = match role {
             "gate_up_proj" => {
-                if a % 2 != 0 {
+                if rows_out % 2 != 0 {
                     return Err(invalid(format!(
-                        "{}: gate_up_proj rows {a} are not even",
+                        "{}: gate_up_proj outputs {rows_out} are not even",
                         t.source_name
                     )));
                 }
-                vec![("gate_proj", 0, a / 2), ("up_proj", a / 2, a)]
+                vec![
+                    ("gate_proj", 0, rows_out / 2),
+                    ("up_proj", rows_out / 2, rows_out),
+                ]
             }
-            _ => vec![(role, 0, a)],
+            _ => vec![(role, 0, rows_out)],
         };
         for expert in 0..e {
             for &(r, r0, r1) in &parts {
+                let gather = if transposed {
+                    RowGather {
+                        cols: cols_in,
+                        ranges: vec![(r0, r1 - r0)],
+                        transposed: Some(Transposed {
+                            first: expert * a,
+                            stride: b,
+                        }),
+                    }
+                } else {
+                    RowGather {
+                        cols: cols_in,
+                        ranges: vec![(expert * a + r0, r1 - r0)],
+                        transposed: None,
+                    }
+                };
                 out.push(SourceTensor {
                     name: format!("{prefix}{expert}.{r}.weight"),
                     source_name: t.source_name.clone(),
                     dtype: t.dtype,
-                    shape: vec![(r1 - r0) as u64, b as u64],
+                    shape: vec![(r1 - r0) as u64, cols_in as u64],
                     file: t.file,
                     start: t.start,
                     end: t.end,
-                    gather: Some(RowGather {
-                        cols: b,
-                        ranges: vec![(expert * a + r0, r1 - r0)],
-                    }),
+                    gather: Some(gather),
                 });
             }
         }
@@ -601,7 +703,11 @@ fn split_fused_linear_attention(
             out.push(SourceTensor {
                 name: format!("{base}{name}"),
                 shape: vec![rows as u64, cols as u64],
-                gather: Some(RowGather { cols, ranges }),
+                gather: Some(RowGather {
+                    cols,
+                    ranges,
+                    transposed: None,
+                }),
                 ..t.clone()
             });
         };
@@ -1377,6 +1483,8 @@ pub fn convert(
             quant_err,
         )?;
         if let Some(payload) = streamed {
+            // Rows read were released as they went, except for strided (transposed) reads.
+            ck.release(src);
             return Ok(payload);
         }
         let values = ck.values(src);

@@ -36,7 +36,10 @@ fn shared(rel: &str) -> PathBuf {
 }
 
 /// Every tensor of the checkpoint's safetensors, read independently of the converter.
-fn source_tensors(dir: &Path) -> HashMap<String, (Vec<u64>, Vec<f32>)> {
+/// Tensors by name: shape and f32 values.
+type Tensors = HashMap<String, (Vec<u64>, Vec<f32>)>;
+
+fn source_tensors(dir: &Path) -> Tensors {
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     st.tensors()
@@ -363,11 +366,7 @@ fn half_precision_sources_and_fused_experts() {
         assert_eq!(s.tensors, src.len());
         let file = assert_verifies(&cmf);
         for (name, (shape, values)) in &src {
-            let (e, bytes) = file
-                .tensor(name)
-                .unwrap_or_else(|| panic!("{name} missing"));
-            assert_eq!(&e.shape, shape, "{name}");
-            let got = quant::decode(e.dtype, &e.shape, bytes).unwrap();
+            let (got, _) = decoded(&file, name, shape);
             for (a, b) in got.iter().zip(values) {
                 let want = match st_dtype {
                     safetensors::Dtype::BF16 => half::bf16::from_f32(*b).to_f32(),
@@ -710,18 +709,36 @@ fn arch_from_older_and_other_configs() {
     assert!(hf::build_arch(&bad, &["model.layers.0.mlp.gate.weight"]).is_err());
 }
 
+/// Tensor `name` of `file` (which must have `shape`) decoded, and its per-element bound.
+fn decoded(file: &CmfFile, name: &str, shape: &[u64]) -> (Vec<f32>, Vec<f32>) {
+    let (e, bytes) = file
+        .tensor(name)
+        .unwrap_or_else(|| panic!("{name} missing"));
+    assert_eq!(e.shape, shape, "{name}");
+    (
+        quant::decode(e.dtype, &e.shape, bytes).unwrap(),
+        quant::error_bounds(e.dtype, &e.shape, bytes).unwrap(),
+    )
+}
+
+/// The qwen3_moe fixture's tensors and a directory holding its config and tokenizer, for
+/// a test to write its own rearranged weights into.
+fn moe_fixture_copy() -> (Tensors, tempfile::TempDir) {
+    let src_dir = shared("hf/qwen3_moe");
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src_dir.join(f), tmp.path().join(f)).unwrap();
+    }
+    (source_tensors(&src_dir), tmp)
+}
+
 /// §3.2: a vbit budget is shared by the routed experts of a layer and projection. With
 /// expert 0 of every layer 16× louder than the others, joint water-filling gives it about
 /// log2(16) = 4 bits more per row than its quiet siblings, while each family's mean width
 /// stays within the budget; per-tensor allocation would give every expert the same mean.
 #[test]
 fn moe_experts_share_a_vbit_budget_per_family() {
-    let src_dir = shared("hf/qwen3_moe");
-    let src = source_tensors(&src_dir);
-    let tmp = tempfile::tempdir().unwrap();
-    for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(src_dir.join(f), tmp.path().join(f)).unwrap();
-    }
+    let (src, tmp) = moe_fixture_copy();
     let out: Vec<(String, Vec<u64>, Vec<u8>)> = src
         .iter()
         .map(|(name, (shape, v))| {
@@ -776,14 +793,77 @@ fn moe_experts_share_a_vbit_budget_per_family() {
         assert!(prov["options"]["vbit_budget"].is_string(), "{prov}");
         // Each expert decodes within its codec bound of the source.
         for (name, (shape, _)) in &src {
-            let (e, bytes) = file.tensor(name).unwrap();
-            assert_eq!(&e.shape, shape);
-            let got = quant::decode(e.dtype, &e.shape, bytes).unwrap();
-            let bound = quant::error_bounds(e.dtype, &e.shape, bytes).unwrap();
+            let (got, bound) = decoded(&file, name, shape);
             let (_, _, want) = out.iter().find(|(n, _, _)| n == name).unwrap();
             for (i, (a, m)) in got.iter().zip(&bound).enumerate() {
                 let w = f32::from_le_bytes(want[4 * i..4 * i + 4].try_into().unwrap());
                 assert!((a - w).abs() <= *m, "{dtype} {name} [{i}]");
+            }
+        }
+    }
+}
+
+/// Experts fused the other way round, `[E, in, out]` per role (as some checkpoints store
+/// them): each expert comes out as its `[out, in]` matrix, exactly at f32 and within the
+/// bound at q8; any block of rows reads as the same rows of the whole.
+#[test]
+fn transposed_fused_experts_are_split() {
+    let (src, tmp) = moe_fixture_copy();
+    let le = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let mut out: Vec<(String, Vec<u64>, Vec<u8>)> = Vec::new();
+    for layer in 0..4 {
+        let p = format!("model.layers.{layer}.mlp.experts.");
+        for role in ["gate_proj", "up_proj", "down_proj"] {
+            let mut fused = Vec::new();
+            let mut dims = (0, 0);
+            for e in 0..8 {
+                let (shape, v) = &src[&format!("{p}{e}.{role}.weight")];
+                let (o, i) = (shape[0] as usize, shape[1] as usize);
+                dims = (i, o);
+                // [out, in] -> [in, out]
+                fused.extend((0..i * o).map(|k| v[(k % o) * i + k / o]));
+            }
+            out.push((
+                format!("{p}{role}"),
+                vec![8, dims.0 as u64, dims.1 as u64],
+                le(&fused),
+            ));
+        }
+    }
+    for (name, (shape, v)) in &src {
+        if !name.contains(".mlp.experts.") {
+            out.push((name.clone(), shape.clone(), le(v)));
+        }
+    }
+    write_safetensors(
+        &tmp.path().join("model.safetensors"),
+        safetensors::Dtype::F32,
+        &out,
+    );
+
+    let ck = hf::Checkpoint::open(tmp.path()).unwrap();
+    for name in [
+        "model.layers.2.mlp.experts.5.down_proj.weight",
+        "model.layers.0.mlp.experts.7.gate_proj.weight",
+    ] {
+        let t = ck.tensor(name).unwrap();
+        let (shape, want) = &src[name];
+        assert_eq!(&t.shape, shape);
+        let all = ck.values(t).unwrap();
+        assert_eq!(&all, want, "{name}");
+        let cols = shape[1] as usize;
+        let mut part = vec![0f32; 5 * cols];
+        ck.read_rows(t, 3..8, cols, &mut part).unwrap();
+        assert_eq!(&part[..], &want[3 * cols..8 * cols], "{name} rows 3..8");
+    }
+    for q in [DType::F32, DType::Q8Row] {
+        let cmf = tmp.path().join(format!("{q}.cmf"));
+        hf::convert(tmp.path(), &cmf, &ConvertOptions::new(q), &mut |_| {}).unwrap();
+        let file = assert_verifies(&cmf);
+        for (name, (shape, values)) in &src {
+            let (got, bound) = decoded(&file, name, shape);
+            for (i, ((a, b), m)) in got.iter().zip(values).zip(&bound).enumerate() {
+                assert!((a - b).abs() <= *m, "{q} {name} [{i}]: {a} vs {b}");
             }
         }
     }
