@@ -6,9 +6,12 @@
 # way ../shared/bench/peers.sh does, into $CMF_PEERS (default ~/.cache/cmf-peers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The real models (GGUF) first: fetch them (idempotent), then import, verify and tokenize.
+# The real models (GGUF) first: fetch them (idempotent), then import, verify and tokenize;
+# with them llama.cpp's vocabulary test set (real SentencePiece and BPE vocabularies).
 bash ../shared/models/fetch.sh
-cargo test --release --features real-models --test real_models --test real_model_inference
+bash scripts/fetch-vocabs.sh >/dev/null
+cargo test --release --features real-models --test real_models --test real_model_inference \
+  --test gguf_vocabularies
 PEERS="${CMF_PEERS:-$HOME/.cache/cmf-peers}"
 if [ ! -x "$PEERS/bin/cortiq" ]; then
   echo "installing the reference CLI (cortiq-cli 0.8.54) into $PEERS ..." >&2

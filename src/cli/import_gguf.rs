@@ -88,9 +88,13 @@ pub fn run(args: &Args) -> CmdResult {
     let report =
         gguf_import::import_gguf_with(&args.file, &args.output, mode, &encode, &mut print_row)
             .map_err(|e| import_error(&args.file, e))?;
+    for w in &report.warnings {
+        eprintln!("warning: {w}");
+    }
     if json {
         print_json(&json!({
             "ok": true,
+            "warnings": report.warnings,
             "source": report.source,
             "output": report.summary.path,
             "arch": report.arch,

@@ -429,6 +429,9 @@ pub struct ImportReport {
     pub quant: String,
     pub tensors: Vec<TensorReport>,
     pub summary: WriteSummary,
+    /// What the output may do differently from the source (e.g. a tokenizer rebuilt
+    /// approximately), for the user to see.
+    pub warnings: Vec<String>,
 }
 
 /// The payload of `m` written as `dtype` (`exact`: its source bytes, see
@@ -690,6 +693,7 @@ pub fn import_gguf_with(
         quant: mode.name(),
         tensors: reports,
         summary,
+        warnings: super::gguf_tokenizer::tokenizer_warnings(g),
     })
 }
 

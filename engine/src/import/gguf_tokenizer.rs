@@ -9,6 +9,8 @@
 //!   derives them from a SentencePiece model: every split of a piece into two pieces of
 //!   the vocabulary is a merge, ranked by the merged piece's score (higher first).
 //!   `▁` stands for a space, byte pieces `<0xNN>` give byte fallback.
+//! - `tokenizer.ggml.model = "gemma4"`: the same SentencePiece-style BPE over `▁` text,
+//!   with its merges stored in the GGUF.
 //!
 //! Token types (llama.cpp): 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused,
 //! 6 byte. Unknown, control and user-defined tokens become `added_tokens` (control and
@@ -37,6 +39,8 @@ pub mod token_type {
 }
 
 const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen2's split with combining marks (`\p{M}`) kept with the letters they modify.
+const QWEN35_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 fn strings(g: &Gguf, key: &str) -> Result<Option<Vec<String>>, TokenizerError> {
@@ -129,20 +133,15 @@ pub fn tokenizer_json(g: &Gguf) -> Result<Option<Vec<u8>>, TokenizerError> {
     };
     let doc = match model {
         "gpt2" => {
-            let merges: Vec<Json> = strings(g, "tokenizer.ggml.merges")?
-                .unwrap_or_default()
-                .iter()
-                .map(|m| {
-                    m.split_once(' ')
-                        .map(|(a, b)| json!([a, b]))
-                        .ok_or_else(|| err(format!("merge {m:?} has no space")))
-                })
-                .collect::<Result<_, _>>()?;
+            let merges = gguf_merges(g)?;
             let byte_level = |regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": regex});
             let split = |re: &str| json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false});
-            let pre = match g.get_str("tokenizer.ggml.pre").unwrap_or("gpt-2") {
+            let pre = match pre_name(g) {
                 "qwen2" => {
                     json!({"type": "Sequence", "pretokenizers": [split(QWEN2_SPLIT), byte_level(false)]})
+                }
+                "qwen35" => {
+                    json!({"type": "Sequence", "pretokenizers": [split(QWEN35_SPLIT), byte_level(false)]})
                 }
                 "llama-bpe" | "llama3" => {
                     json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_SPLIT), byte_level(false)]})
@@ -163,14 +162,21 @@ pub fn tokenizer_json(g: &Gguf) -> Result<Option<Vec<u8>>, TokenizerError> {
                 "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
                 "model": {"type": "BPE", "dropout": null, "unk_token": null,
                           "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                          "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                          "fuse_unk": false, "byte_fallback": false,
+                          // Llama 3 takes a pre-token found whole in the vocabulary as is,
+                          // whatever the merges would build.
+                          "ignore_merges": matches!(pre_name(g), "llama-bpe" | "llama3"),
                           "vocab": vocab, "merges": merges}
             })
         }
-        "llama" => {
-            let scores = numbers(g, "tokenizer.ggml.scores", n)?
-                .ok_or_else(|| err("tokenizer.ggml.scores is missing"))?;
-            let merges = spm_merges(&tokens, &scores, &vocab);
+        "llama" | "gemma4" => {
+            let merges = if model == "llama" {
+                let scores = numbers(g, "tokenizer.ggml.scores", n)?
+                    .ok_or_else(|| err("tokenizer.ggml.scores is missing"))?;
+                spm_merges(&tokens, &scores, &vocab)
+            } else {
+                gguf_merges(g)?
+            };
             let unk = tokens
                 .iter()
                 .zip(&types)
@@ -211,13 +217,61 @@ pub fn tokenizer_json(g: &Gguf) -> Result<Option<Vec<u8>>, TokenizerError> {
         }
         other => {
             return Err(err(format!(
-                "tokenizer.ggml.model {other:?} is not supported (gpt2 and llama are)"
+                "tokenizer.ggml.model {other:?} is not supported (gpt2, llama and gemma4 are)"
             )))
         }
     };
     serde_json::to_vec(&doc)
         .map(Some)
         .map_err(|e| err(e.to_string()))
+}
+
+/// `tokenizer.ggml.pre`, GPT-2's when absent.
+fn pre_name(g: &Gguf) -> &str {
+    g.get_str("tokenizer.ggml.pre").unwrap_or("gpt-2")
+}
+
+/// The byte-level pre-tokenizers rebuilt exactly (checked against llama.cpp's tokenizer
+/// test sets by `tests/gguf_vocabularies.rs`); GPT-2's regex serves the others.
+const KNOWN_PRE: [&str; 9] = [
+    "default",
+    "gpt-2",
+    "gpt-neox",
+    "mpt",
+    "qwen2",
+    "qwen35",
+    "llama-bpe",
+    "llama3",
+    "smollm",
+];
+
+/// What the rebuilt tokenizer may get wrong, for the import to report: a byte-level
+/// vocabulary whose pre-tokenizer is not one of [`KNOWN_PRE`] is split with GPT-2's regex,
+/// which can tokenize some text differently from the original.
+pub fn tokenizer_warnings(g: &Gguf) -> Vec<String> {
+    let pre = pre_name(g);
+    if g.get_str("tokenizer.ggml.model") == Some("gpt2") && !KNOWN_PRE.contains(&pre) {
+        vec![format!(
+            "tokenizer.ggml.pre {pre:?} is not known: GPT-2's pre-tokenizer is used, so some \
+             text (digits, punctuation, non-Latin scripts) may tokenize differently from \
+             the original"
+        )]
+    } else {
+        Vec::new()
+    }
+}
+
+/// The `tokenizer.ggml.merges` list (`"left right"` strings) as `tokenizer.json` pairs.
+fn gguf_merges(g: &Gguf) -> Result<Vec<Json>, TokenizerError> {
+    strings(g, "tokenizer.ggml.merges")?
+        .unwrap_or_default()
+        .iter()
+        .map(|m| {
+            m.split_once(' ')
+                .map(|(a, b)| json!([a, b]))
+                .ok_or_else(|| err(format!("merge {m:?} has no space")))
+        })
+        .collect()
 }
 
 /// SentencePiece BPE merges: for each piece (by score, highest first; ties by id), every
