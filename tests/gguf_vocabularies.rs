@@ -57,45 +57,37 @@ fn tokenizer(name: &str) -> Tokenizer {
     Tokenizer::from_bytes(&json).unwrap()
 }
 
-/// Encodes every case; returns the mismatches.
-fn mismatches(name: &str) -> Vec<String> {
-    let tok = tokenizer(name);
-    cases(name)
-        .into_iter()
-        .filter_map(|(text, want)| {
-            let got = tok.encode(&text, false).unwrap();
-            (got != want).then(|| format!("{text:?}: got {got:?}, want {want:?}"))
-        })
-        .collect()
+/// Encodes every case of each vocabulary; fails naming the cases that differ.
+fn assert_exact(names: &[&str]) {
+    for name in names {
+        let tok = tokenizer(name);
+        let bad: Vec<String> = cases(name)
+            .into_iter()
+            .filter_map(|(text, want)| {
+                let got = tok.encode(&text, false).unwrap();
+                (got != want).then(|| format!("{text:?}: got {got:?}, want {want:?}"))
+            })
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "{name}: {} of its cases differ:\n{}",
+            bad.len(),
+            bad.join("\n")
+        );
+    }
 }
 
 /// SentencePiece-style vocabularies: Llama 2's and Phi-3's (pieces and scores, merges
 /// derived from the scores) and Gemma's (pieces and merges over `▁` text).
 #[test]
 fn sentencepiece_vocabularies_encode_exactly() {
-    for name in ["llama-spm", "phi-3", "gemma-4"] {
-        let bad = mismatches(name);
-        assert!(
-            bad.is_empty(),
-            "{name}: {} of its cases differ:\n{}",
-            bad.len(),
-            bad.join("\n")
-        );
-    }
+    assert_exact(&["llama-spm", "phi-3", "gemma-4"]);
 }
 
 /// Byte-level BPE vocabularies with each pre-tokenizer we rebuild.
 #[test]
 fn byte_level_vocabularies_encode_exactly() {
-    for name in ["gpt-2", "llama-bpe", "qwen2", "qwen35", "mpt"] {
-        let bad = mismatches(name);
-        assert!(
-            bad.is_empty(),
-            "{name}: {} of its cases differ:\n{}",
-            bad.len(),
-            bad.join("\n")
-        );
-    }
+    assert_exact(&["gpt-2", "llama-bpe", "qwen2", "qwen35", "mpt"]);
 }
 
 /// A pre-tokenizer we do not rebuild is reported, never silently approximated; a
