@@ -232,9 +232,10 @@ fn planes_of(
             let mut at = 0usize;
             starts.push(0);
             for &b in bits {
-                at = (g.cols * b as usize)
-                    .div_ceil(8)
-                    .checked_add(at)
+                at = g
+                    .cols
+                    .checked_mul(b as usize)
+                    .and_then(|bits| bits.div_ceil(8).checked_add(at))
                     .ok_or_else(|| bad("packed rows overflow".into()))?;
                 starts.push(at);
             }
