@@ -389,13 +389,22 @@ pub(crate) struct QuantizedActs {
     q: Vec<i8>,
     /// `[t, groups]` scales.
     d: Vec<f32>,
+    /// `[t, groups, 8]`: `−8 ·` the sum of each 4 consecutive codes, the 8 lanes of a
+    /// 256-bit integer dot. A `q4` group is `Σ (u − 8)·x = Σ u·x − 8·Σ x` with `u` its
+    /// unsigned nibbles: starting the dot from these lanes spares the kernels the
+    /// sign juggling of signed codes (see [`IntRowsSimd::OFFSET8`]).
+    c: Vec<i32>,
 }
+
+/// Lanes of a 256-bit integer dot (8 × i32), each summing 4 byte products.
+const LANES: usize = 8;
 
 /// One token of [`QuantizedActs`].
 #[derive(Clone, Copy)]
 pub(crate) struct QToken<'a> {
     pub q: &'a [i8],
     pub d: &'a [f32],
+    pub c: &'a [i32],
 }
 
 impl QuantizedActs {
@@ -405,6 +414,8 @@ impl QuantizedActs {
         self.q
             .reserve((t * groups * STEP).saturating_sub(self.q.len()));
         self.d.reserve((t * groups).saturating_sub(self.d.len()));
+        self.c
+            .reserve((t * groups * LANES).saturating_sub(self.c.len()));
     }
 
     /// Quantizes `x` (`[t, cols]`), multiplied elementwise by the f16 column field `col`
@@ -416,6 +427,8 @@ impl QuantizedActs {
         self.q.resize(t * groups * STEP, 0);
         self.d.clear();
         self.d.resize(t * groups, 0.0);
+        self.c.clear();
+        self.c.resize(t * groups * LANES, 0);
         let mut buf = [0f32; STEP];
         for j in 0..t {
             let xr = &x[j * cols..(j + 1) * cols];
@@ -446,6 +459,10 @@ impl QuantizedActs {
                         q[p] = r.clamp(-127.0, 127.0) as i8;
                     }
                 }
+                let lanes = &mut self.c[at * LANES..(at + 1) * LANES];
+                for (c, four) in lanes.iter_mut().zip(q.chunks_exact(4)) {
+                    *c = -8 * four.iter().map(|&v| v as i32).sum::<i32>();
+                }
             }
         }
     }
@@ -456,6 +473,7 @@ impl QuantizedActs {
         QToken {
             q: &self.q[j * g * STEP..(j + 1) * g * STEP],
             d: &self.d[j * g..(j + 1) * g],
+            c: &self.c[j * g * LANES..(j + 1) * g * LANES],
         }
     }
 }
@@ -477,8 +495,16 @@ pub(crate) trait IntRowsScalar {
 /// SIMD loads of a whole group for the integer kernels.
 #[cfg(target_arch = "x86_64")]
 pub(crate) trait IntRowsSimd: IntRowsScalar {
-    /// The 32 signed codes of [`IntRowsScalar::codes32`] (`q4`: `nibble − 8`, low
-    /// nibbles first).
+    /// Codes are stored as unsigned `u = code + 8` (the `q4` nibbles): [`load_u8`]
+    /// returns `u` and the dot starts from the activations' `−8·Σx` lanes
+    /// ([`QToken::c`]), exactly `Σ code·x` with one multiply-add and no sign fix-up.
+    ///
+    /// [`load_u8`]: IntRowsSimd::load_u8
+    const OFFSET8: bool = false;
+
+    /// The 32 codes of [`IntRowsScalar::codes32`] in the activation order: signed, or
+    /// `code + 8` (`q4`: the nibbles as stored, low nibbles first) when
+    /// [`IntRowsSimd::OFFSET8`].
     ///
     /// # Safety
     /// The CPU supports AVX2; `blk < cols / 32`, `i < R`.
@@ -536,7 +562,7 @@ pub(crate) fn run_int<D: IntRows, const R: usize, const T: usize>(
 ) {
     let groups = d.cols().div_ceil(STEP);
     for x in xs {
-        assert!(x.q.len() == groups * STEP && x.d.len() == groups);
+        assert!(x.q.len() == groups * STEP && x.d.len() == groups && x.c.len() == groups * LANES);
     }
     match k {
         // SAFETY: AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C are present (checked in the
@@ -663,6 +689,11 @@ unsafe fn int_body<D: IntRowsSimd, const R: usize, const T: usize, const VNNI: b
         for (i, r) in raw.iter_mut().enumerate() {
             let mut c = [0i8; STEP];
             d.codes32(i, full, &mut c);
+            if D::OFFSET8 {
+                for v in &mut c {
+                    *v += 8;
+                }
+            }
             *r = _mm256_loadu_si256(c.as_ptr() as *const __m256i);
         }
         int_step::<D, R, T, VNNI>(d, xs, full, &raw, &mut acc);
@@ -688,21 +719,42 @@ unsafe fn int_step<D: IntRowsSimd, const R: usize, const T: usize, const VNNI: b
     let mut u = [_mm256_setzero_si256(); R];
     let mut ws = [_mm256_set1_ps(1.0); R];
     for i in 0..R {
-        u[i] = _mm256_abs_epi8(raw[i]);
+        // Unsigned operand of the u8·i8 dot: the stored `code + 8`, or |code| with the
+        // sign moved onto the activations below.
+        u[i] = if D::OFFSET8 {
+            raw[i]
+        } else {
+            _mm256_abs_epi8(raw[i])
+        };
         if D::GROUP_SCALES {
             ws[i] = _mm256_set1_ps(d.group_scale_simd(i, blk));
         }
     }
     for (j, x) in xs.iter().enumerate() {
-        // In bounds: `run_int` checked `q.len() = groups·32`, `d.len() = groups`.
+        // In bounds: `run_int` checked `q.len() = groups·32`, `d.len() = groups` (and
+        // so `c.len() = groups·8`).
         let xq = _mm256_loadu_si256(x.q.as_ptr().add(blk * STEP) as *const __m256i);
         let dj = _mm256_set1_ps(*x.d.get_unchecked(blk));
+        let start = if D::OFFSET8 {
+            _mm256_loadu_si256(x.c.as_ptr().add(blk * LANES) as *const __m256i)
+        } else {
+            _mm256_setzero_si256()
+        };
         for i in 0..R {
-            let v = _mm256_sign_epi8(xq, raw[i]);
-            let dot = if VNNI {
-                _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[i], v)
+            let v = if D::OFFSET8 {
+                xq
             } else {
-                _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], v), _mm256_set1_epi16(1))
+                _mm256_sign_epi8(xq, raw[i])
+            };
+            // AVX2: u ≤ 128 (|code| ≤ 128, or a nibble ≤ 15), so a pair of u8·i8
+            // products is at most 2·128·127 < 2¹⁵ and `maddubs` never saturates.
+            let dot = if VNNI {
+                _mm256_dpbusd_epi32(start, u[i], v)
+            } else {
+                _mm256_add_epi32(
+                    start,
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], v), _mm256_set1_epi16(1)),
+                )
             };
             let mut f = _mm256_cvtepi32_ps(dot);
             if D::GROUP_SCALES {

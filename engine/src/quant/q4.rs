@@ -620,18 +620,17 @@ mod simd {
     use super::{Q4Rows, Q4tpRows};
     use std::arch::x86_64::*;
 
-    /// The 32 codes `nibble − 8` of a group as i8: low nibbles, then high nibbles.
+    /// The 32 nibbles of a group as bytes (`code + 8`): low nibbles, then high nibbles.
     #[inline(always)]
     unsafe fn nibbles_u8(nib: &[u8]) -> __m256i {
         let b = _mm_loadu_si128(nib[..16].as_ptr() as *const __m128i);
         let both = _mm256_set_m128i(_mm_srli_epi16::<4>(b), b);
-        _mm256_sub_epi8(
-            _mm256_and_si256(both, _mm256_set1_epi8(0x0F)),
-            _mm256_set1_epi8(8),
-        )
+        _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
     }
 
     impl<const R: usize, const TILED: bool> IntRowsSimd for Q4Rows<'_, R, TILED> {
+        const OFFSET8: bool = true;
+
         #[inline(always)]
         unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {
             nibbles_u8(self.group(i, blk).0)
@@ -641,7 +640,12 @@ mod simd {
         #[inline(always)]
         unsafe fn prefetch_next(&self, i: usize, blk: usize) {
             let row = self.data[i].len();
-            let stride = row / (self.cols / super::GROUP).max(1);
+            // Bytes per group in `data` (a constant: no division in the hot loop).
+            let stride = if TILED {
+                super::TILE_BYTES
+            } else {
+                super::NIBBLE_BYTES
+            };
             let p = self.data[i]
                 .as_ptr()
                 .wrapping_add(blk * stride + 2 * R * row);
@@ -654,6 +658,8 @@ mod simd {
     }
 
     impl<const R: usize> IntRowsSimd for Q4tpRows<'_, R> {
+        const OFFSET8: bool = true;
+
         #[inline(always)]
         unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {
             nibbles_u8(self.group(i, blk).0)
