@@ -349,22 +349,28 @@ pub fn encode(
             vbit::encode(dtype, g, values, vbit_budget(dtype, opts)?, &mut out)?
         }
         DType::Q1 | DType::Q1s | DType::Q1t => {
-            let fraction = opts.outlier_fraction.unwrap_or(DEFAULT_OUTLIER_FRACTION);
-            if !(0.0..=1.0).contains(&fraction) {
-                return Err(QuantError::InvalidArgument {
-                    dtype,
-                    reason: format!("outlier_fraction must lie in [0, 1], got {fraction}"),
-                });
-            }
+            let fraction = outlier_fraction(dtype, opts)?;
             match dtype {
                 DType::Q1 => q1::encode_q1(g, values, &mut out)?,
-                DType::Q1s => q1::encode_q1s(g, values, fraction as f64, &mut out)?,
-                _ => q1::encode_q1t(g, values, fraction as f64, &mut out)?,
+                DType::Q1s => q1::encode_q1s(g, values, fraction, &mut out)?,
+                _ => q1::encode_q1t(g, values, fraction, &mut out)?,
             }
         }
         DType::Mix8_4 | DType::U8 | DType::Q4Col => return Err(QuantError::Reserved { dtype }),
     }
     Ok(out)
+}
+
+/// The `q1s`/`q1t` overlay fraction of `opts`, checked.
+pub(crate) fn outlier_fraction(dtype: DType, opts: &EncodeOptions) -> Result<f64, QuantError> {
+    let fraction = opts.outlier_fraction.unwrap_or(DEFAULT_OUTLIER_FRACTION);
+    if !(0.0..=1.0).contains(&fraction) {
+        return Err(QuantError::InvalidArgument {
+            dtype,
+            reason: format!("outlier_fraction must lie in [0, 1], got {fraction}"),
+        });
+    }
+    Ok(fraction as f64)
 }
 
 /// The `vbit` mean bit budget of `opts`, checked.

@@ -416,16 +416,17 @@ pub(super) fn bounds(dtype: DType, g: Geom, bytes: &[u8], out: &mut [f32]) -> Re
 
 /// Keeps the `k` elements with the largest base error (ties: lower index first) in a
 /// bounded heap, so memory is O(k) rather than O(numel).
-struct Outliers {
+pub(super) struct Outliers {
     k: usize,
     heap: BinaryHeap<Reverse<(u32, Reverse<usize>)>>,
 }
 
 impl Outliers {
-    fn new(k: usize) -> Outliers {
+    pub(super) fn new(k: usize) -> Outliers {
         Outliers {
             k,
-            heap: BinaryHeap::with_capacity(k.saturating_add(1).min(1 << 20)),
+            // Grows as needed: a streamed encoding holds one selection per rayon task.
+            heap: BinaryHeap::with_capacity(k.saturating_add(1).min(1 << 16)),
         }
     }
 
@@ -455,8 +456,17 @@ impl Outliers {
         }
     }
 
+    /// The `k` best of both selections (the same set as offering everything to one, since
+    /// the keys are totally ordered).
+    pub(super) fn merge(mut self, other: Outliers) -> Outliers {
+        for Reverse((bits, Reverse(idx))) in other.heap {
+            self.offer_score(idx, f32::from_bits(bits));
+        }
+        self
+    }
+
     /// Selected flat indices, ascending.
-    fn into_sorted(self) -> Vec<usize> {
+    pub(super) fn into_sorted(self) -> Vec<usize> {
         let mut v: Vec<usize> = self
             .heap
             .into_iter()
@@ -478,31 +488,128 @@ fn outlier_count(fraction: f64, numel: usize) -> usize {
         .min(u32::MAX as usize)
 }
 
-/// Pass 1 of the overlay codecs: the `k` elements largest relative to their group's mean
-/// |w| (eligible ones only). They are left out of the base fit, so an outlier does not
-/// inflate its group's scale; the final choice (pass 2) is by actual base error.
-fn provisional_outliers(values: &[f32], k: usize, eligible: impl Fn(usize) -> bool) -> Vec<bool> {
-    let mut mask = vec![false; if k > 0 { values.len() } else { 0 }];
-    if k == 0 {
-        return mask;
+/// Pass 1 of the overlay codecs over `values`, elements `first ..` of the tensor (`first`
+/// on a group boundary): offers each eligible element by its size relative to its group's
+/// mean |w|. The `k` largest are left out of the base fit, so an outlier does not inflate
+/// its group's scale; the final choice (pass 2) is by actual base error.
+pub(super) fn provisional_block(
+    dtype: DType,
+    g: Geom,
+    values: &[f32],
+    first: usize,
+    sel: &mut Outliers,
+) {
+    if sel.k == 0 {
+        return;
     }
-    let mut sel = Outliers::new(k);
     for (gi, grp) in values.chunks(GROUP).enumerate() {
         let mean = grp.iter().map(|w| w.abs()).sum::<f32>() / grp.len() as f32;
         if mean > 0.0 {
             for (j, &w) in grp.iter().enumerate() {
-                let idx = gi * GROUP + j;
+                let idx = first + gi * GROUP + j;
                 let score = w.abs() / mean;
-                if eligible(idx) && overlay_ok(w) && score > 0.0 {
+                if eligible(dtype, g, idx) && overlay_ok(w) && score > 0.0 {
                     sel.offer_score(idx, score);
                 }
             }
         }
     }
-    for i in sel.into_sorted() {
-        mask[i] = true;
+}
+
+/// Whether element `idx` may become an overlay entry: its index fits the entry's field
+/// (`q1s`: a u32 flat index; `q1t`: a u16 column).
+fn eligible(dtype: DType, g: Geom, idx: usize) -> bool {
+    if dtype == DType::Q1t {
+        idx % g.cols.max(1) <= u16::MAX as usize
+    } else {
+        idx <= u32::MAX as usize
     }
-    mask
+}
+
+/// Overlay entries a tensor of `numel` elements gets at `fraction`.
+pub(super) fn overlay_count(fraction: f64, numel: usize) -> usize {
+    outlier_count(fraction, numel)
+}
+
+/// Pass 2 over `values`, elements `first ..` of the tensor: the base tiles of its groups
+/// fitted without the provisional outliers `provisional` (sorted flat indices of the
+/// whole tensor) appended to `out`, and every eligible element offered to `sel` by its
+/// base error.
+pub(super) fn tiles_block(
+    dtype: DType,
+    g: Geom,
+    values: &[f32],
+    first: usize,
+    provisional: &[usize],
+    out: &mut Vec<u8>,
+    sel: &mut Outliers,
+) -> Result<(), QuantError> {
+    let mut mask = vec![
+        false;
+        if provisional.is_empty() {
+            0
+        } else {
+            values.len()
+        }
+    ];
+    let lo = provisional.partition_point(|&i| i < first);
+    let hi = provisional.partition_point(|&i| i < first + values.len());
+    for &i in &provisional[lo..hi] {
+        mask[i - first] = true;
+    }
+    let mut base = [0.0f32; GROUP];
+    for (gi, grp) in values.chunks(GROUP).enumerate() {
+        let m = mask_of(&mask, gi, grp.len());
+        if dtype == DType::Q1t {
+            encode_q1t_tile(grp, m, out, &mut base)?;
+        } else {
+            let s = encode_q1_tile(DType::Q1s, grp, m, out)?;
+            for (b, &w) in base.iter_mut().zip(grp) {
+                *b = if w >= 0.0 || s == 0.0 { s } else { -s };
+            }
+        }
+        for (j, (&w, &b)) in grp.iter().zip(&base).enumerate() {
+            let idx = first + gi * GROUP + j;
+            if eligible(dtype, g, idx) {
+                sel.offer(idx, w, b);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The payload after the tiles: `q1s` the entry count and `(u32 index, f16 value)`
+/// entries; `q1t` the row pointers and `(u16 column, f16 value)` entries. `chosen` are
+/// flat indices, ascending; `value[n]` is element `chosen[n]`.
+pub(super) fn write_overlay(
+    dtype: DType,
+    g: Geom,
+    chosen: &[usize],
+    value: &[f32],
+    out: &mut Vec<u8>,
+) {
+    if dtype == DType::Q1t {
+        // row_ptr[r] = entries of the rows before r.
+        let mut ptr = 0u32;
+        let mut it = chosen.iter().peekable();
+        for r in 0..g.rows {
+            out.extend_from_slice(&ptr.to_le_bytes());
+            while it.next_if(|&&i| i / g.cols == r).is_some() {
+                ptr += 1;
+            }
+        }
+        out.extend_from_slice(&ptr.to_le_bytes());
+        for (&i, &v) in chosen.iter().zip(value) {
+            out.extend_from_slice(&((i % g.cols) as u16).to_le_bytes());
+            out.extend_from_slice(&f16::from_f32(v).to_le_bytes());
+        }
+    } else {
+        out.extend_from_slice(&(chosen.len() as u32).to_le_bytes());
+        for (&i, &v) in chosen.iter().zip(value) {
+            out.extend_from_slice(&(i as u32).to_le_bytes());
+            out.extend_from_slice(&f16::from_f32(v).to_le_bytes());
+        }
+    }
 }
 
 /// The elements of `grp` that take part in the base fit (all when every one is masked).
@@ -557,25 +664,28 @@ pub(super) fn encode_q1s(
     fraction: f64,
     out: &mut Vec<u8>,
 ) -> Result<(), QuantError> {
+    encode_overlay(DType::Q1s, g, values, fraction, out)
+}
+
+/// Both overlay codecs on a whole tensor: the passes of [`provisional_block`] and
+/// [`tiles_block`] over it as one block, then [`write_overlay`]. (`quant::rows` runs the
+/// same passes a block of rows at a time.)
+fn encode_overlay(
+    dtype: DType,
+    g: Geom,
+    values: &[f32],
+    fraction: f64,
+    out: &mut Vec<u8>,
+) -> Result<(), QuantError> {
     let k = outlier_count(fraction, g.numel);
-    let eligible = |idx: usize| idx <= u32::MAX as usize;
-    let mask = provisional_outliers(values, k, eligible);
+    let mut prov = Outliers::new(k);
+    provisional_block(dtype, g, values, 0, &mut prov);
+    let provisional = prov.into_sorted();
     let mut sel = Outliers::new(k);
-    for (gi, grp) in values.chunks(GROUP).enumerate() {
-        let s = encode_q1_tile(DType::Q1s, grp, mask_of(&mask, gi, grp.len()), out)?;
-        for (j, &w) in grp.iter().enumerate() {
-            let idx = gi * GROUP + j;
-            if eligible(idx) {
-                sel.offer(idx, w, if w >= 0.0 || s == 0.0 { s } else { -s });
-            }
-        }
-    }
+    tiles_block(dtype, g, values, 0, &provisional, out, &mut sel)?;
     let chosen = sel.into_sorted();
-    out.extend_from_slice(&(chosen.len() as u32).to_le_bytes());
-    for i in chosen {
-        out.extend_from_slice(&(i as u32).to_le_bytes());
-        out.extend_from_slice(&f16::from_f32(values[i]).to_le_bytes());
-    }
+    let value: Vec<f32> = chosen.iter().map(|&i| values[i]).collect();
+    write_overlay(dtype, g, &chosen, &value, out);
     Ok(())
 }
 
@@ -626,36 +736,7 @@ pub(super) fn encode_q1t(
     fraction: f64,
     out: &mut Vec<u8>,
 ) -> Result<(), QuantError> {
-    let k = outlier_count(fraction, g.numel);
-    let eligible = |idx: usize| idx % g.cols <= u16::MAX as usize;
-    let mask = provisional_outliers(values, k, eligible);
-    let mut sel = Outliers::new(k);
-    let mut base = [0.0f32; GROUP];
-    for (gi, grp) in values.chunks_exact(GROUP).enumerate() {
-        encode_q1t_tile(grp, mask_of(&mask, gi, GROUP), out, &mut base)?;
-        for (j, (&w, &b)) in grp.iter().zip(&base).enumerate() {
-            let idx = gi * GROUP + j;
-            if eligible(idx) {
-                sel.offer(idx, w, b);
-            }
-        }
-    }
-    let chosen = sel.into_sorted();
-    // row_ptr[r] = entries of the rows before r.
-    let mut ptr = 0u32;
-    let mut it = chosen.iter().peekable();
-    for r in 0..g.rows {
-        out.extend_from_slice(&ptr.to_le_bytes());
-        while it.next_if(|&&i| i / g.cols == r).is_some() {
-            ptr += 1;
-        }
-    }
-    out.extend_from_slice(&ptr.to_le_bytes());
-    for i in chosen {
-        out.extend_from_slice(&((i % g.cols) as u16).to_le_bytes());
-        out.extend_from_slice(&f16::from_f32(values[i]).to_le_bytes());
-    }
-    Ok(())
+    encode_overlay(DType::Q1t, g, values, fraction, out)
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use half::f16;
 use rayon::prelude::*;
 
+use super::q1::{self, Outliers};
 use super::{encode, geometry, layout::Q4tpLayout, q8, vbit, EncodeOptions, Geom, QuantError};
 use crate::format::dtype::DType;
 
@@ -52,6 +53,14 @@ pub fn row_planes(dtype: DType, shape: &[u64]) -> Option<Vec<usize>> {
 pub fn streamable(dtype: DType, shape: &[u64]) -> bool {
     row_planes(dtype, shape).is_some()
         || (needs_first_pass(dtype) && geometry(dtype, shape).is_ok())
+        || overlay_streamable(dtype, shape)
+}
+
+/// `q1s`/`q1t` with whole groups per row: streamed in three passes (see
+/// [`encode_overlay_blocks`]).
+fn overlay_streamable(dtype: DType, shape: &[u64]) -> bool {
+    matches!(dtype, DType::Q1s | DType::Q1t)
+        && geometry(dtype, shape).is_ok_and(|g| g.cols.is_multiple_of(32))
 }
 
 /// Whether `dtype` decides something from all rows before encoding any (see the module
@@ -330,6 +339,9 @@ pub fn encode_row_blocks<E: Send>(
         return Ok(None);
     }
     let g = geometry(dtype, shape).map_err(&quant_err)?;
+    if overlay_streamable(dtype, shape) {
+        return encode_overlay_blocks(dtype, g, opts, source, inspect, quant_err).map(Some);
+    }
     let decision = match (decision, needs_first_pass(dtype)) {
         (d @ Some(_), true) => d,
         (_, true) => match first_pass(dtype, shape, &source, &quant_err)? {
@@ -399,6 +411,118 @@ pub fn encode_row_blocks<E: Send>(
     Ok(Some(payload))
 }
 
+/// `q1s`/`q1t` a block of rows at a time, in three streamed passes, as the whole-tensor
+/// encoder does them in one: (1) the provisional outliers, the `k` largest relative to
+/// their group, selected per task and merged; (2) the base tiles fitted without them,
+/// written in place, and the `k` largest base errors selected; (3) the chosen elements'
+/// values read again, blocks handed to `inspect`, and the overlay written. The selections
+/// are top-`k` under a total order, so merging per-task selections gives exactly the
+/// whole-tensor set. Memory: the payload and O(k) per task, no f32 copy of the tensor.
+fn encode_overlay_blocks<E: Send>(
+    dtype: DType,
+    g: Geom,
+    opts: &EncodeOptions,
+    source: impl Fn(Range<usize>, &mut [f32]) -> Result<(), E> + Sync,
+    inspect: impl Fn(Range<usize>, &[f32], &[u8]) -> Result<(), E> + Sync,
+    quant_err: impl Fn(QuantError) -> E + Sync,
+) -> Result<Vec<u8>, E> {
+    let fraction = super::outlier_fraction(dtype, opts).map_err(&quant_err)?;
+    let k = q1::overlay_count(fraction, g.numel);
+    let cols = g.cols;
+    let ranges: Vec<Range<usize>> = blocks(g.rows, cols).collect();
+    let read = |rows: &Range<usize>| -> Result<Vec<f32>, E> {
+        let mut v = vec![0f32; rows.len() * cols];
+        source(rows.clone(), &mut v)?;
+        not_finite_check(dtype, rows.start, cols, &v).map_err(&quant_err)?;
+        Ok(v)
+    };
+    let merge = |a: Outliers, b: Outliers| -> Result<Outliers, E> { Ok(a.merge(b)) };
+    // Few, long tasks: each holds a selection of up to `k` and merging costs O(k log k).
+    let per_task = ranges.len().div_ceil(2 * rayon::current_num_threads()).max(1);
+
+    // Pass 1: provisional outliers.
+    let provisional = ranges
+        .par_iter()
+        .with_min_len(per_task)
+        .try_fold(
+            || Outliers::new(k),
+            |mut sel, rows| -> Result<Outliers, E> {
+                let v = read(rows)?;
+                q1::provisional_block(dtype, g, &v, rows.start * cols, &mut sel);
+                Ok(sel)
+            },
+        )
+        .try_reduce(|| Outliers::new(k), merge)?
+        .into_sorted();
+
+    // Pass 2: the tiles, in place, and the final selection.
+    let tile = if dtype == DType::Q1t {
+        q1::Q1T_TILE
+    } else {
+        q1::Q1_TILE
+    };
+    let row_bytes = tile * (cols / 32);
+    let tiles = g.rows * row_bytes;
+    let mut payload = Vec::new();
+    if payload.try_reserve_exact(tiles).is_err() {
+        return Err(quant_err(QuantError::InvalidArgument {
+            dtype,
+            reason: format!("a payload of {tiles} bytes does not fit in memory"),
+        }));
+    }
+    payload.resize(tiles, 0u8);
+    let chosen = ranges
+        .par_iter()
+        .zip(payload.par_chunks_mut(row_bytes * block_rows(cols)))
+        .with_min_len(per_task)
+        .try_fold(
+            || Outliers::new(k),
+            |mut sel, (rows, dest)| -> Result<Outliers, E> {
+                let v = read(rows)?;
+                let mut out = Vec::with_capacity(dest.len());
+                q1::tiles_block(
+                    dtype,
+                    g,
+                    &v,
+                    rows.start * cols,
+                    &provisional,
+                    &mut out,
+                    &mut sel,
+                )
+                .map_err(&quant_err)?;
+                dest.copy_from_slice(&out);
+                Ok(sel)
+            },
+        )
+        .try_reduce(|| Outliers::new(k), merge)?
+        .into_sorted();
+
+    // Pass 3: the chosen values; each block checked as a payload of its own.
+    let per_block: Vec<Vec<f32>> = ranges
+        .par_iter()
+        .map(|rows| -> Result<Vec<f32>, E> {
+            let v = read(rows)?;
+            let (e0, e1) = (rows.start * cols, rows.end * cols);
+            let mine =
+                &chosen[chosen.partition_point(|&i| i < e0)..chosen.partition_point(|&i| i < e1)];
+            let value: Vec<f32> = mine.iter().map(|&i| v[i - e0]).collect();
+            let local: Vec<usize> = mine.iter().map(|&i| i - e0).collect();
+            let bg = Geom {
+                numel: e1 - e0,
+                rows: rows.len(),
+                cols,
+            };
+            let mut block = payload[rows.start * row_bytes..rows.end * row_bytes].to_vec();
+            q1::write_overlay(dtype, bg, &local, &value, &mut block);
+            inspect(rows.clone(), &v, &block)?;
+            Ok(value)
+        })
+        .collect::<Result<_, E>>()?;
+    let value: Vec<f32> = per_block.into_iter().flatten().collect();
+    q1::write_overlay(dtype, g, &chosen, &value, &mut payload);
+    Ok(payload)
+}
+
 /// The largest of non-negative floats seen by several threads (`f32` bits order like the
 /// values for non-negative floats, so an integer `fetch_max` does it).
 #[derive(Debug, Default)]
@@ -445,6 +569,8 @@ mod tests {
             DType::Q8_2f,
             DType::Vbit,
             DType::VbitRo,
+            DType::Q1s,
+            DType::Q1t,
         ] {
             // More rows than one block holds, and a ragged last block.
             for shape in [[700u64, 256], [3, 64], [1, 32], [2100, 64]] {
@@ -487,8 +613,8 @@ mod tests {
         ] {
             assert_eq!(row_planes(dtype, &[64, 64]), None, "{dtype}");
         }
-        assert!(!streamable(DType::Q1s, &[64, 64]));
-        assert!(!streamable(DType::Q1t, &[64, 64]));
+        assert!(streamable(DType::Q1s, &[64, 64]));
+        assert!(!streamable(DType::Q1s, &[64, 40]));
         assert!(streamable(DType::Vbit, &[64, 64]));
         // A q1 group of 32 straddling rows.
         assert_eq!(row_planes(DType::Q1, &[4, 40]), None);
