@@ -60,7 +60,7 @@ pub fn streamable(dtype: DType, shape: &[u64]) -> bool {
 /// [`encode_overlay_blocks`]).
 fn overlay_streamable(dtype: DType, shape: &[u64]) -> bool {
     matches!(dtype, DType::Q1s | DType::Q1t)
-        && geometry(dtype, shape).is_ok_and(|g| g.cols.is_multiple_of(32))
+        && geometry(dtype, shape).is_ok_and(|g| g.cols > 0 && g.cols.is_multiple_of(32))
 }
 
 /// Whether `dtype` decides something from all rows before encoding any (see the module
@@ -602,6 +602,31 @@ mod tests {
         }
     }
 
+    /// Empty tensors stream to what the whole-tensor encoder writes (or fail alike).
+    #[test]
+    fn empty_shapes_match_the_whole_tensor_encoder() {
+        let opts = EncodeOptions::default();
+        for dtype in crate::format::dtype::WRITABLE {
+            for shape in [[0u64, 64], [3, 0], [0, 0]] {
+                let whole = encode(dtype, &shape, &[], &opts);
+                let streamed = encode_row_blocks::<QuantError>(
+                    dtype,
+                    &shape,
+                    &opts,
+                    None,
+                    |_, _| Ok(()),
+                    |_, _, _| Ok(()),
+                    |e| e,
+                );
+                match (whole, streamed) {
+                    (Ok(w), Ok(Some(s))) => assert_eq!(w, s, "{dtype} {shape:?}"),
+                    (_, Ok(None)) | (Err(_), Err(_)) => {}
+                    (w, s) => panic!("{dtype} {shape:?}: whole {w:?}, streamed {s:?}"),
+                }
+            }
+        }
+    }
+
     #[test]
     fn tensor_wide_codecs_are_not_separable() {
         for dtype in [
@@ -615,6 +640,7 @@ mod tests {
         }
         assert!(streamable(DType::Q1s, &[64, 64]));
         assert!(!streamable(DType::Q1s, &[64, 40]));
+        assert!(!streamable(DType::Q1s, &[64, 0]));
         assert!(streamable(DType::Vbit, &[64, 64]));
         // A q1 group of 32 straddling rows.
         assert_eq!(row_planes(DType::Q1, &[4, 40]), None);
