@@ -1,6 +1,8 @@
-//! Any bytes as a GGUF file: `import-gguf` (keep, and a row-streamed and a whole-tensor
-//! codec) either fails with an error or writes a file that opens and verifies; it never
-//! panics. Inputs go through a file in a temporary directory, as the importer maps files.
+//! Any bytes as a GGUF file: `import-gguf` with `keep`, `vbit` (streamed after a first
+//! pass) and `q1t` (streamed in three passes; shapes whose groups straddle rows take the
+//! whole-tensor path) either fails with an error or writes a file that opens and
+//! verifies; it never panics. Inputs go through a file in a temporary directory, as the
+//! importer maps files.
 #![no_main]
 
 use cortiq_engine::format::verify::{verify, VerifyOptions};
