@@ -109,6 +109,9 @@ pub fn hf_name(arch: &str, name: &str) -> Option<String> {
     Some(format!("model.layers.{layer}.{hf}.{suffix}"))
 }
 
+/// More layers than any model has; a larger `block_count` is refused.
+const MAX_LAYERS: u64 = 4096;
+
 /// The `arch` header object from GGUF metadata.
 pub fn arch_from_metadata(g: &Gguf) -> Result<Arch> {
     let a = g
@@ -130,6 +133,13 @@ pub fn arch_from_metadata(g: &Gguf) -> Result<Arch> {
     };
     let hidden = need("embedding_length")?;
     let layers = need("block_count")?;
+    // Checked before anything is sized by it (a hostile count would exhaust memory).
+    if layers > MAX_LAYERS {
+        return Err(unsupported(format!(
+            "{} = {layers} exceeds {MAX_LAYERS} layers",
+            key("block_count")
+        )));
+    }
     let heads = need("attention.head_count")?;
     let kv_heads = g.get_u64(&key("attention.head_count_kv")).unwrap_or(heads);
     if heads == 0 || kv_heads == 0 {
@@ -183,9 +193,7 @@ pub fn arch_from_metadata(g: &Gguf) -> Result<Arch> {
             }
         })
         .collect();
-    if layers <= 4096 {
-        arch.layer_types = Some(layer_types);
-    }
+    arch.layer_types = Some(layer_types);
     if gemma {
         arch.extra.insert("hidden_act".into(), json!("gelu_tanh"));
         arch.extra
@@ -1167,6 +1175,21 @@ mod tests {
 
     /// Damaged metadata (single-byte flips in the key/values and tensor infos) makes the
     /// whole import fail with an error or succeed, never panic.
+    #[test]
+    fn an_absurd_block_count_is_refused_before_anything_is_sized_by_it() {
+        let mut b = Builder::default();
+        b.s("general.architecture", "llama")
+            .u32("llama.embedding_length", 32)
+            .u32("llama.block_count", u32::MAX)
+            .u32("llama.attention.head_count", 2);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.gguf");
+        std::fs::write(&p, b.build()).unwrap();
+        let e = import_gguf(&p, &dir.path().join("x.cmf"), QuantMode::Keep, &mut |_| {})
+            .unwrap_err();
+        assert!(e.to_string().contains("exceeds 4096 layers"), "{e}");
+    }
+
     #[test]
     fn damaged_files_import_without_panics() {
         let src = fixture_path("gguf/tiny-Q4_0.gguf");
