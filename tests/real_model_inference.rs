@@ -201,23 +201,7 @@ fn check(gguf: &str, dir: &str, system: Option<&str>, question: &str, fast_contr
 
     // Logits of the last chat position.
     let out = tmp.path().join("logits.safetensors");
-    let o = assert_cmd::cargo::cargo_bin_cmd!("cortiq")
-        .arg("logits")
-        .arg(&f32_file)
-        .args(["--ids", &csv(&chat_ids), "--out"])
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let bytes = std::fs::read(&out).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let logits: Vec<f32> = st
-        .tensor("logits")
-        .unwrap()
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let (logits, _) = logits_of(&f32_file, &chat_ids, "exact", &out);
     let reference = fx.f32s("chat_last_logits");
     let last = &logits[logits.len() - reference.len()..];
     let max_ref = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -290,30 +274,39 @@ fn qwen25coder_answers_and_scores_like_the_reference() {
     );
 }
 
+/// Every position's logits of `cortiq logits FILE --ids IDS --precision P` (written to
+/// `out`), and the vocabulary size.
+fn logits_of(file: &Path, ids: &[u32], precision: &str, out: &Path) -> (Vec<f32>, usize) {
+    let o = assert_cmd::cargo::cargo_bin_cmd!("cortiq")
+        .arg("logits")
+        .arg(file)
+        .args(["--ids", &csv(ids), "--precision", precision, "--out"])
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bytes = std::fs::read(out).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor("logits").unwrap();
+    let data = t
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    (data, t.shape()[1])
+}
+
 /// `--precision fast` (int8 activations) against the exact path over the passage:
 /// DESIGN.md's contract (argmax agreement ≥ 97%, mean KL ≤ 1e-3) where `contract`;
 /// SmolLM2's activation outliers miss it (96%, 1.8e-2), so it only gets a sanity bound.
 fn fast_against_exact(gguf: &str, file: &Path, ids: &[u32], dir: &Path, contract: bool) {
     let logits = |precision: &str| {
-        let out = dir.join(format!("{precision}.safetensors"));
-        let o = assert_cmd::cargo::cargo_bin_cmd!("cortiq")
-            .arg("logits")
-            .arg(file)
-            .args(["--ids", &csv(ids), "--precision", precision, "--out"])
-            .arg(&out)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let bytes = std::fs::read(&out).unwrap();
-        let st = SafeTensors::deserialize(&bytes).unwrap();
-        let t = st.tensor("logits").unwrap();
-        let v = t.shape()[1];
-        let data: Vec<f32> = t
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        (data, v)
+        logits_of(
+            file,
+            ids,
+            precision,
+            &dir.join(format!("{precision}.safetensors")),
+        )
     };
     let ((a, v), (b, _)) = (logits("exact"), logits("fast"));
     let m = cortiq_engine::runtime::metrics::agreement(&a, &b, v);

@@ -576,9 +576,7 @@ impl GgufFile {
     /// import's resident memory does not grow with the model (the pages are clean and
     /// file-backed; a later read faults them back in).
     pub fn release(&self, t: &TensorInfo) {
-        if let Some(end) = t.offset.checked_add(t.nbytes) {
-            super::release_pages(&self.map, t.offset, end);
-        }
+        self.release_part(t, 0..usize::try_from(t.nbytes).unwrap_or(usize::MAX));
     }
 }
 

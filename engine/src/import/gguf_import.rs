@@ -551,27 +551,23 @@ fn encode_tensor(
     // The error, in parallel blocks of rows decoded in O(row) each (the matrix indexes
     // variable-length rows once).
     let mx = Matrix::new(dtype, &m.shape, &payload).map_err(enc)?;
-    let br = (65_536 / cols.max(1)).max(1);
-    (0..geom.rows.div_ceil(br))
-        .into_par_iter()
-        .try_for_each(|k| -> Result<()> {
-            let rows = k * br..((k + 1) * br).min(geom.rows);
-            let mut own = Vec::new();
-            let values: &[f32] = match &values {
-                Some(v) => &v[rows.start * cols..rows.end * cols],
-                None => {
-                    own.resize(rows.len() * cols, 0f32);
-                    source(rows.clone(), &mut own)?;
-                    &own
-                }
-            };
-            let mut row = vec![0f32; cols];
-            for (r, v) in rows.zip(values.chunks_exact(cols.max(1))) {
-                mx.row(&payload, r, &mut row);
-                observe(&row, v);
+    quant::rows::blocks(geom.rows, cols).try_for_each(|rows| -> Result<()> {
+        let mut own = Vec::new();
+        let values: &[f32] = match &values {
+            Some(v) => &v[rows.start * cols..rows.end * cols],
+            None => {
+                own.resize(rows.len() * cols, 0f32);
+                source(rows.clone(), &mut own)?;
+                &own
             }
-            Ok(())
-        })?;
+        };
+        let mut row = vec![0f32; cols];
+        for (r, v) in rows.zip(values.chunks_exact(cols.max(1))) {
+            mx.row(&payload, r, &mut row);
+            observe(&row, v);
+        }
+        Ok(())
+    })?;
     Ok((payload, max_err.get()))
 }
 
@@ -663,27 +659,21 @@ pub fn import_gguf_with(
         };
         Ok((payload, r))
     };
-    // What a tensor holds in memory while it is processed: its source pages, its payload
-    // and, for a codec that needs the whole tensor, its f32 values.
+    // What a tensor holds in memory while it is processed: its source pages, and its
+    // payload (plus f32 values for a codec that needs the whole tensor).
     let working_set = |k: usize| -> u64 {
         let (m, (dtype, exact)) = (&mapped[k], targets[k]);
-        let numel = crate::format::dtype::numel(&m.shape).unwrap_or(0);
-        let payload = match dtype.size_for(&m.shape) {
-            Ok(crate::format::dtype::Size::Exact(n) | crate::format::dtype::Size::AtLeast(n)) => n,
-            _ => numel,
-        };
-        let whole = !exact && !quant::rows::streamable(dtype, &m.shape);
-        g.tensors[k].nbytes + payload + if whole { numel.saturating_mul(4) } else { 0 }
+        g.tensors[k].nbytes
+            + if exact {
+                g.tensors[k].nbytes
+            } else {
+                quant::rows::encoding_bytes(dtype, &m.shape)
+            }
     };
     const BATCH_BYTES: u64 = 32 << 20;
     let mut start = 0;
     while start < mapped.len() {
-        let mut end = start;
-        let mut bytes = 0u64;
-        while end < mapped.len() && (end == start || bytes + working_set(end) <= BATCH_BYTES) {
-            bytes += working_set(end);
-            end += 1;
-        }
+        let end = super::batch_end(start, mapped.len(), BATCH_BYTES, working_set);
         let batch: Vec<Result<(Vec<u8>, TensorReport)>> =
             (start..end).into_par_iter().map(process).collect();
         for item in batch {
@@ -1185,8 +1175,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("x.gguf");
         std::fs::write(&p, b.build()).unwrap();
-        let e = import_gguf(&p, &dir.path().join("x.cmf"), QuantMode::Keep, &mut |_| {})
-            .unwrap_err();
+        let e =
+            import_gguf(&p, &dir.path().join("x.cmf"), QuantMode::Keep, &mut |_| {}).unwrap_err();
         assert!(e.to_string().contains("exceeds 4096 layers"), "{e}");
     }
 

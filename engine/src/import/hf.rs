@@ -268,24 +268,19 @@ impl Checkpoint {
         self.tensors.iter().find(|t| t.name == name)
     }
 
-    /// The tensor's values as row-major f32 (exact for every source dtype).
+    /// The tensor's values as row-major f32 (exact for every source dtype). A slice of a
+    /// fused tensor costs its own size, not the fused tensor's.
     pub fn values(&self, t: &SourceTensor) -> Result<Vec<f32>> {
-        let bytes = self
-            .maps
-            .get(t.file)
-            .and_then(|m| m.get(t.start..t.end))
-            .ok_or_else(|| invalid(format!("tensor {} lies outside its file", t.source_name)))?;
-        let Some(g) = &t.gather else {
-            return Ok(to_f32(t.dtype, bytes));
+        // As one row of every element, or as its gathered rows.
+        let (rows, cols) = match &t.gather {
+            None => (1, (t.end - t.start) / t.dtype.width()),
+            Some(g) => (g.ranges.iter().map(|r| r.1).sum::<usize>(), g.cols),
         };
-        // Only the gathered rows are converted: a slice of a fused tensor costs its own
-        // size, not the fused tensor's.
-        let rows: usize = g.ranges.iter().map(|r| r.1).sum();
         let mut out = Vec::new();
-        out.try_reserve_exact(rows.saturating_mul(g.cols))
+        out.try_reserve_exact(rows.saturating_mul(cols))
             .map_err(|_| invalid(format!("{}: cannot allocate its values", t.name)))?;
-        out.resize(rows * g.cols, 0f32);
-        self.read_rows(t, 0..rows, g.cols, &mut out)?;
+        out.resize(rows * cols, 0f32);
+        self.read_rows(t, 0..rows, cols, &mut out)?;
         Ok(out)
     }
 
@@ -453,23 +448,6 @@ fn to_f32_into(dtype: SourceDType, bytes: &[u8], out: &mut [f32]) {
                 *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
             }
         }
-    }
-}
-
-fn to_f32(dtype: SourceDType, bytes: &[u8]) -> Vec<f32> {
-    match dtype {
-        SourceDType::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        SourceDType::F16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        SourceDType::Bf16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
     }
 }
 
@@ -1209,28 +1187,31 @@ pub fn choose_dtype(name: &str, shape: &[u64], opts: &ConvertOptions) -> (DType,
 /// of one layer are grouped by role — all `gate_proj`, then all `up_proj`, then all
 /// `down_proj`, experts in index order (§2.2).
 fn order_key(name: &str) -> Vec<(u64, String)> {
-    let expert = name.find(".mlp.experts.").and_then(|i| {
-        let prefix = &name[..i + ".mlp.experts.".len()];
-        let rest = &name[prefix.len()..];
-        let (e, tail) = rest.split_once('.')?;
-        let e: u64 = e.parse().ok()?;
-        let role = match tail {
-            "gate_proj.weight" => 0,
-            "up_proj.weight" => 1,
-            "down_proj.weight" => 2,
-            _ => return None,
-        };
-        Some((prefix.to_string(), role, e))
-    });
-    match expert {
-        Some((prefix, role, e)) => {
-            let mut k = natural(&prefix);
+    match expert_parts(name) {
+        Some((prefix, e, role)) => {
+            let role = ["gate_proj", "up_proj", "down_proj"]
+                .iter()
+                .position(|r| *r == role)
+                .unwrap_or(0) as u64;
+            let mut k = natural(prefix);
             k.push((role, String::new()));
             k.push((e, String::new()));
             k
         }
         None => natural(name),
     }
+}
+
+/// `model.layers.3.mlp.experts.7.up_proj.weight` → (`model.layers.3.mlp.experts.`, 7,
+/// `up_proj`): a routed expert's matrix (gate, up or down), else `None`.
+fn expert_parts(name: &str) -> Option<(&str, u64, &str)> {
+    let at = name.find(".mlp.experts.")? + ".mlp.experts.".len();
+    let (expert, tail) = name[at..].split_once('.')?;
+    let role = tail.strip_suffix(".weight")?;
+    matches!(role, "gate_proj" | "up_proj" | "down_proj")
+        .then_some(())
+        .and(expert.parse().ok())
+        .map(|e| (&name[..at], e, role))
 }
 
 fn natural(s: &str) -> Vec<(u64, String)> {
@@ -1361,14 +1342,10 @@ pub fn plan(ck: &Checkpoint, opts: &ConvertOptions) -> Result<ConvertPlan> {
     })
 }
 
-/// `model.layers.3.mlp.experts.7.up_proj.weight` → its family (§3.2: layer ×
-/// projection), `("model.layers.3.mlp.experts.", "up_proj")`.
+/// A routed expert's family (§3.2: layer × projection), e.g.
+/// `("model.layers.3.mlp.experts.", "up_proj")`.
 fn expert_family(name: &str) -> Option<(&str, &str)> {
-    let at = name.find(".mlp.experts.")? + ".mlp.experts.".len();
-    let (expert, tail) = name[at..].split_once('.')?;
-    expert.parse::<u64>().ok()?;
-    let role = tail.strip_suffix(".weight")?;
-    matches!(role, "gate_proj" | "up_proj" | "down_proj").then_some((&name[..at], role))
+    expert_parts(name).map(|(prefix, _, role)| (prefix, role))
 }
 
 /// The `vbit` row widths of every routed expert written as `vbit`/`vbit_ro`, decided per
@@ -1491,28 +1468,15 @@ pub fn convert(
         ck.release(src);
         quant::encode(dtype, &src.shape, &values?, &opts.encode).map_err(quant_err)
     };
-    let working_set = |i: usize| -> u64 {
-        let src = &ck.tensors[plan.sources[i]];
-        let numel = crate::format::dtype::numel(&src.shape).unwrap_or(0);
-        let payload = match dtypes[i].size_for(&src.shape) {
-            Ok(crate::format::dtype::Size::Exact(n) | crate::format::dtype::Size::AtLeast(n)) => n,
-            _ => numel,
-        };
-        let whole = !quant::rows::streamable(dtypes[i], &src.shape);
-        payload + if whole { numel.saturating_mul(4) } else { 0 }
-    };
+    let working_set =
+        |i: usize| quant::rows::encoding_bytes(dtypes[i], &ck.tensors[plan.sources[i]].shape);
     const BATCH_BYTES: u64 = 64 << 20;
     let mut ready: std::collections::VecDeque<(usize, Result<Vec<u8>>)> =
         std::collections::VecDeque::new();
     let result = writer::write_sharded(out, plan.spec, max, |i| {
         if ready.front().is_none_or(|(j, _)| *j != i) {
             ready.clear();
-            let mut end = i;
-            let mut bytes = 0u64;
-            while end < total && (end == i || bytes + working_set(end) <= BATCH_BYTES) {
-                bytes += working_set(end);
-                end += 1;
-            }
+            let end = super::batch_end(i, total, BATCH_BYTES, working_set);
             use rayon::prelude::*;
             let batch: Vec<(usize, Result<Vec<u8>>)> = (i..end)
                 .into_par_iter()

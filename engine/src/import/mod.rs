@@ -9,6 +9,23 @@ pub mod hf;
 #[cfg(test)]
 mod hf_tests;
 
+/// The end of the batch of tensors starting at `start` (of `total`): as many as fit in
+/// `budget` bytes by `cost`, at least one. Converters encode a batch on all threads and
+/// write it in order, so this bounds what is held at once.
+pub(crate) fn batch_end(
+    start: usize,
+    total: usize,
+    budget: u64,
+    cost: impl Fn(usize) -> u64,
+) -> usize {
+    let (mut end, mut bytes) = (start, 0u64);
+    while end < total && (end == start || bytes.saturating_add(cost(end)) <= budget) {
+        bytes = bytes.saturating_add(cost(end));
+        end += 1;
+    }
+    end
+}
+
 /// Lets the kernel drop the mapped pages of `map[start..end]` once their contents were
 /// copied out, so an importer's resident memory stays near the tensors in flight rather
 /// than growing with the model. Only whole pages inside the range are released; the pages

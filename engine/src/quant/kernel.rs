@@ -459,9 +459,12 @@ impl QuantizedActs {
                         q[p] = r.clamp(-127.0, 127.0) as i8;
                     }
                 }
-                let lanes = &mut self.c[at * LANES..(at + 1) * LANES];
-                for (c, four) in lanes.iter_mut().zip(q.chunks_exact(4)) {
-                    *c = -8 * four.iter().map(|&v| v as i32).sum::<i32>();
+                // Only the `q4` kernels (nibble order) start from these lanes.
+                if order == ActOrder::NibblePairs {
+                    let lanes = &mut self.c[at * LANES..(at + 1) * LANES];
+                    for (c, four) in lanes.iter_mut().zip(q.chunks_exact(4)) {
+                        *c = -8 * four.iter().map(|&v| v as i32).sum::<i32>();
+                    }
                 }
             }
         }
@@ -498,6 +501,7 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
     /// Codes are stored as unsigned `u = code + 8` (the `q4` nibbles): [`load_u8`]
     /// returns `u` and the dot starts from the activations' `−8·Σx` lanes
     /// ([`QToken::c`]), exactly `Σ code·x` with one multiply-add and no sign fix-up.
+    /// Those lanes are filled for [`ActOrder::NibblePairs`] activations, the `q4` order.
     ///
     /// [`load_u8`]: IntRowsSimd::load_u8
     const OFFSET8: bool = false;

@@ -363,26 +363,45 @@ pub fn encode(
 
 /// The `q1s`/`q1t` overlay fraction of `opts`, checked.
 pub(crate) fn outlier_fraction(dtype: DType, opts: &EncodeOptions) -> Result<f64, QuantError> {
-    let fraction = opts.outlier_fraction.unwrap_or(DEFAULT_OUTLIER_FRACTION);
-    if !(0.0..=1.0).contains(&fraction) {
-        return Err(QuantError::InvalidArgument {
-            dtype,
-            reason: format!("outlier_fraction must lie in [0, 1], got {fraction}"),
-        });
-    }
-    Ok(fraction as f64)
+    option_in(
+        dtype,
+        "outlier_fraction",
+        opts.outlier_fraction,
+        DEFAULT_OUTLIER_FRACTION,
+        0.0,
+        1.0,
+    )
 }
 
 /// The `vbit` mean bit budget of `opts`, checked.
 pub fn vbit_budget(dtype: DType, opts: &EncodeOptions) -> Result<f64, QuantError> {
-    let budget = opts.mean_bits.unwrap_or(DEFAULT_VBIT_MEAN_BITS);
-    if !(3.0..=8.0).contains(&budget) {
+    option_in(
+        dtype,
+        "mean_bits",
+        opts.mean_bits,
+        DEFAULT_VBIT_MEAN_BITS,
+        3.0,
+        8.0,
+    )
+}
+
+/// An encoder option (`default` when unset) refused outside `[lo, hi]`.
+fn option_in(
+    dtype: DType,
+    name: &str,
+    value: Option<f32>,
+    default: f32,
+    lo: f32,
+    hi: f32,
+) -> Result<f64, QuantError> {
+    let v = value.unwrap_or(default);
+    if !(lo..=hi).contains(&v) {
         return Err(QuantError::InvalidArgument {
             dtype,
-            reason: format!("mean_bits must lie in [3, 8], got {budget}"),
+            reason: format!("{name} must lie in [{lo}, {hi}], got {v}"),
         });
     }
-    Ok(budget as f64)
+    Ok(v as f64)
 }
 
 /// Measured bits per weight: `8 · nbytes / numel` (0 for an empty tensor, NaN for a shape
@@ -465,7 +484,7 @@ fn alloc_f32(dtype: DType, n: usize) -> Result<Vec<f32>, QuantError> {
     Ok(v)
 }
 
-fn alloc_bytes(dtype: DType, n: usize) -> Result<Vec<u8>, QuantError> {
+pub(crate) fn alloc_bytes(dtype: DType, n: usize) -> Result<Vec<u8>, QuantError> {
     let mut v = Vec::new();
     v.try_reserve_exact(n)
         .map_err(|_| QuantError::InvalidArgument {

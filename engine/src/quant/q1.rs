@@ -482,7 +482,8 @@ fn overlay_ok(w: f32) -> bool {
     f16::from_f32(w).is_finite()
 }
 
-fn outlier_count(fraction: f64, numel: usize) -> usize {
+/// Overlay entries a tensor of `numel` elements gets at `fraction`.
+pub(super) fn outlier_count(fraction: f64, numel: usize) -> usize {
     ((fraction * numel as f64).floor() as usize)
         .min(numel)
         .min(u32::MAX as usize)
@@ -524,11 +525,6 @@ fn eligible(dtype: DType, g: Geom, idx: usize) -> bool {
     } else {
         idx <= u32::MAX as usize
     }
-}
-
-/// Overlay entries a tensor of `numel` elements gets at `fraction`.
-pub(super) fn overlay_count(fraction: f64, numel: usize) -> usize {
-    outlier_count(fraction, numel)
 }
 
 /// Pass 2 over `values`, elements `first ..` of the tensor: the base tiles of its groups

@@ -13,10 +13,12 @@
 //! independently (the packed rows of `vbit` have lengths known from the widths, and the
 //! column field and `vbit_ro` offsets are written once for the whole tensor).
 //!
+//! `q1s`/`q1t` choose their overlay entries over the whole tensor; they run three streamed
+//! passes (see [`encode_overlay_blocks`]).
+//!
 //! Either way the payload is bit-identical to [`encode`] on the whole tensor (tested for
-//! every streamable codec). Not streamable: `q1s`/`q1t` (outliers chosen over the whole
-//! tensor) and the flattened group codecs when a group of 32 straddles two rows
-//! (`cols % 32 != 0`).
+//! every streamable codec). Not streamable: the flattened group codecs when a group of 32
+//! straddles two rows (`cols % 32 != 0`).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -63,6 +65,24 @@ fn overlay_streamable(dtype: DType, shape: &[u64]) -> bool {
         && geometry(dtype, shape).is_ok_and(|g| g.cols > 0 && g.cols.is_multiple_of(32))
 }
 
+/// Bytes an encoding of `dtype` at `shape` holds: the payload (its minimum for variable
+/// layouts, the element count for a shape the dtype cannot hold), plus the f32 values when
+/// the codec is not [`streamable`]. What converters bound their batches by.
+pub fn encoding_bytes(dtype: DType, shape: &[u64]) -> u64 {
+    use crate::format::dtype::{numel, Size};
+    let numel = numel(shape).unwrap_or(0);
+    let payload = match dtype.size_for(shape) {
+        Ok(Size::Exact(n) | Size::AtLeast(n)) => n,
+        _ => numel,
+    };
+    let values = if streamable(dtype, shape) {
+        0
+    } else {
+        numel.saturating_mul(4)
+    };
+    payload.saturating_add(values)
+}
+
 /// Whether `dtype` decides something from all rows before encoding any (see the module
 /// comment).
 pub fn needs_first_pass(dtype: DType) -> bool {
@@ -87,13 +107,24 @@ pub enum Decision {
     Field(Vec<f16>),
 }
 
+/// `n` zero bytes, or an error when they cannot be allocated.
+fn zeroed(dtype: DType, n: usize) -> Result<Vec<u8>, QuantError> {
+    let mut v = super::alloc_bytes(dtype, n)?;
+    v.resize(n, 0);
+    Ok(v)
+}
+
 /// Rows per block: about 64 Ki values (256 KiB of f32), at least one row.
 fn block_rows(cols: usize) -> usize {
     (65_536 / cols.max(1)).max(1)
 }
 
-/// The row blocks of a tensor of `rows` rows of `cols`.
-fn blocks(rows: usize, cols: usize) -> impl IndexedParallelIterator<Item = Range<usize>> {
+/// The row blocks of a tensor of `rows` rows of `cols`, as every streamed pass visits
+/// them.
+pub(crate) fn blocks(
+    rows: usize,
+    cols: usize,
+) -> impl IndexedParallelIterator<Item = Range<usize>> {
     let br = block_rows(cols);
     (0..rows.div_ceil(br))
         .into_par_iter()
@@ -356,16 +387,13 @@ pub fn encode_row_blocks<E: Send>(
     let total = planes
         .iter()
         .try_fold(0usize, |a, p| a.checked_add(p.len(g.rows)));
-    let mut payload = Vec::new();
-    match total {
-        Some(t) if payload.try_reserve_exact(t).is_ok() => payload.resize(t, 0u8),
-        _ => {
-            return Err(quant_err(QuantError::InvalidArgument {
-                dtype,
-                reason: format!("a payload of shape {shape:?} does not fit in memory"),
-            }))
-        }
-    }
+    let total = total.ok_or_else(|| {
+        quant_err(QuantError::InvalidArgument {
+            dtype,
+            reason: format!("a payload of shape {shape:?} does not fit in memory"),
+        })
+    })?;
+    let mut payload = zeroed(dtype, total).map_err(&quant_err)?;
 
     // Per block, its share of every plane, so the blocks write disjoint bytes; the
     // tensor-wide planes are written now.
@@ -427,7 +455,7 @@ fn encode_overlay_blocks<E: Send>(
     quant_err: impl Fn(QuantError) -> E + Sync,
 ) -> Result<Vec<u8>, E> {
     let fraction = super::outlier_fraction(dtype, opts).map_err(&quant_err)?;
-    let k = q1::overlay_count(fraction, g.numel);
+    let k = q1::outlier_count(fraction, g.numel);
     let cols = g.cols;
     let ranges: Vec<Range<usize>> = blocks(g.rows, cols).collect();
     let read = |rows: &Range<usize>| -> Result<Vec<f32>, E> {
@@ -438,7 +466,10 @@ fn encode_overlay_blocks<E: Send>(
     };
     let merge = |a: Outliers, b: Outliers| -> Result<Outliers, E> { Ok(a.merge(b)) };
     // Few, long tasks: each holds a selection of up to `k` and merging costs O(k log k).
-    let per_task = ranges.len().div_ceil(2 * rayon::current_num_threads()).max(1);
+    let per_task = ranges
+        .len()
+        .div_ceil(2 * rayon::current_num_threads())
+        .max(1);
 
     // Pass 1: provisional outliers.
     let provisional = ranges
@@ -463,14 +494,7 @@ fn encode_overlay_blocks<E: Send>(
     };
     let row_bytes = tile * (cols / 32);
     let tiles = g.rows * row_bytes;
-    let mut payload = Vec::new();
-    if payload.try_reserve_exact(tiles).is_err() {
-        return Err(quant_err(QuantError::InvalidArgument {
-            dtype,
-            reason: format!("a payload of {tiles} bytes does not fit in memory"),
-        }));
-    }
-    payload.resize(tiles, 0u8);
+    let mut payload = zeroed(dtype, tiles).map_err(&quant_err)?;
     let chosen = ranges
         .par_iter()
         .zip(payload.par_chunks_mut(row_bytes * block_rows(cols)))
