@@ -203,6 +203,16 @@ pub fn arch_from_metadata(g: &Gguf) -> Result<Arch> {
         if let Some(w) = g.get_u64(&key("attention.sliding_window")) {
             arch.extra.insert("sliding_window".into(), json!(w));
         }
+        // Gemma 3's sliding layers rotate with their own base; GGUF files rarely carry it
+        // (llama.cpp hard-codes 10000 for gemma3), and without it the engine would use the
+        // global `rope.freq_base` (10^6) for every layer.
+        let local = g
+            .get_f64(&key("rope.freq_base_swa"))
+            .or((a == "gemma3").then_some(10_000.0));
+        if let Some(local) = local {
+            arch.extra
+                .insert("rope_local_base_freq".into(), json!(local));
+        }
     }
     Ok(arch)
 }
@@ -1161,6 +1171,42 @@ mod tests {
         assert!(added
             .iter()
             .any(|t| t["content"] == "<start_of_turn>" && t["special"] == false));
+    }
+
+    /// Gemma 3 GGUF metadata: the global base from `rope.freq_base`, the sliding layers'
+    /// base 10000 as llama.cpp uses it, or the file's `rope.freq_base_swa` when present.
+    #[test]
+    fn gemma3_sliding_layers_get_their_own_rope_base() {
+        let gemma = |swa: Option<f32>| {
+            let mut b = Builder::default();
+            b.s("general.architecture", "gemma3")
+                .u32("gemma3.embedding_length", 32)
+                .u32("gemma3.block_count", 6)
+                .u32("gemma3.attention.head_count", 2)
+                .u32("gemma3.attention.head_count_kv", 1)
+                .u32("gemma3.attention.key_length", 16)
+                .u32("gemma3.attention.sliding_window", 512)
+                .f32("gemma3.rope.freq_base", 1_000_000.0);
+            if let Some(v) = swa {
+                b.f32("gemma3.rope.freq_base_swa", v);
+            }
+            b.tensor("token_embd.weight", &[32, 8], 1);
+            let g = Gguf::parse(&b.build()).unwrap();
+            arch_from_metadata(&g).unwrap()
+        };
+        let a = gemma(None);
+        assert_eq!(a.rope_theta, Some(1_000_000.0));
+        assert_eq!(a.extra["rope_local_base_freq"].as_f64(), Some(10_000.0));
+        let c = crate::model::config::ModelConfig::from_arch(&a).unwrap();
+        assert_eq!(c.rope_theta, 1_000_000.0);
+        assert_eq!(c.rope_local_theta, Some(10_000.0));
+        let lt = a.layer_types.as_ref().unwrap();
+        assert_eq!(lt[0], "SlidingAttention");
+        assert_eq!(lt[5], "FullAttention");
+
+        let a = gemma(Some(20_000.0));
+        assert_eq!(a.rope_theta, Some(1_000_000.0));
+        assert_eq!(a.extra["rope_local_base_freq"].as_f64(), Some(20_000.0));
     }
 
     /// Damaged metadata (single-byte flips in the key/values and tensor infos) makes the

@@ -767,6 +767,20 @@ fn rope_value(cfg: &Value, kind: &str, key: &str) -> Option<f64> {
     get_f64(cfg, key)
 }
 
+/// The sliding layers' RoPE base: transformers 4's `rope_local_base_freq`, or the
+/// `sliding_attention` block of `rope_parameters` (transformers ≥ 5), or Gemma 3's default
+/// 10000. Not [`rope_value`]: its fallback to the top-level `rope_theta` (the global base
+/// in transformers 4 configs) would give the local layers the global base.
+fn rope_local_base(cfg: &Value, model_type: &str) -> Option<f64> {
+    get_f64(cfg, "rope_local_base_freq")
+        .or_else(|| {
+            get(cfg, "rope_parameters")
+                .and_then(|rp| get(rp, "sliding_attention"))
+                .and_then(|b| get_f64(b, "rope_theta"))
+        })
+        .or(model_type.starts_with("gemma3").then_some(10_000.0))
+}
+
 fn layer_type_name(hf: &str) -> Option<&'static str> {
     Some(match hf {
         "full_attention" => "FullAttention",
@@ -919,9 +933,7 @@ pub fn build_arch(cfg: &Value, tensor_names: &[&str]) -> Result<Arch> {
                 x.insert(k.into(), v.clone());
             }
         }
-        if let Some(local) = rope_value(cfg, "sliding_attention", "rope_theta")
-            .or_else(|| get_f64(cfg, "rope_local_base_freq"))
-        {
+        if let Some(local) = rope_local_base(cfg, &model_type) {
             x.insert("rope_local_base_freq".into(), json!(local));
         }
     } else if layer_types.iter().any(|t| t == "SlidingAttention") {

@@ -709,6 +709,34 @@ fn arch_from_older_and_other_configs() {
     assert!(hf::build_arch(&bad, &["model.layers.0.mlp.gate.weight"]).is_err());
 }
 
+/// Gemma 3's sliding layers keep their own RoPE base (10000) next to the global one
+/// (10^6) whichever way config.json spells it: transformers 5's per-kind
+/// `rope_parameters` (the fixture), transformers 4's top-level `rope_theta` +
+/// `rope_local_base_freq`, or no local base at all (transformers' default).
+#[test]
+fn gemma3_local_rope_base_in_every_config_style() {
+    let v5: Value =
+        serde_json::from_slice(&std::fs::read(shared("hf/gemma3/config.json")).unwrap()).unwrap();
+    let mut v4 = v5.clone();
+    let m = v4.as_object_mut().unwrap();
+    m.remove("rope_parameters");
+    m.insert("rope_theta".into(), 1_000_000.0.into());
+    m.insert("rope_local_base_freq".into(), 10_000.0.into());
+    m.insert("rope_scaling".into(), Value::Null);
+    let mut bare = v4.clone();
+    bare.as_object_mut().unwrap().remove("rope_local_base_freq");
+    for (style, cfg) in [("v5", v5), ("v4", v4), ("no local base", bare)] {
+        let a = serde_json::to_value(hf::build_arch(&cfg, &["model.embed_tokens.weight"]).unwrap())
+            .unwrap();
+        assert_eq!(a["rope_theta"].as_f64(), Some(1_000_000.0), "{style}");
+        assert_eq!(
+            a["rope_local_base_freq"].as_f64(),
+            Some(10_000.0),
+            "{style}"
+        );
+    }
+}
+
 /// Tensor `name` of `file` (which must have `shape`) decoded, and its per-element bound.
 fn decoded(file: &CmfFile, name: &str, shape: &[u64]) -> (Vec<f32>, Vec<f32>) {
     let (e, bytes) = file
