@@ -344,3 +344,66 @@ fn bad_input_gets_a_clear_error_and_exit_code() {
     let o = run!("bench", model(), "--tokens", "0");
     assert_eq!(code(&o), 2);
 }
+
+#[test]
+fn chat_commands_set_save_load_and_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let saved = dir.path().join("s.json");
+    let o = assert_cmd::cargo::cargo_bin_cmd!("cortiq")
+        .args(["run"])
+        .arg(model())
+        .args(["--max-tokens", "4", "--ignore-eos"])
+        .write_stdin(format!(
+            "/set greedy on\n/set temp x\n/system Be brief.\nHello\n/save {}\n/bogus\n/exit\n",
+            saved.display()
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("[greedy"), "{err}");
+    assert!(err.contains("/set: \"x\" is not a number"), "{err}");
+    assert!(err.contains("[system prompt set]"), "{err}");
+    assert!(err.contains("[saved 2 messages"), "{err}");
+    assert!(err.contains("unknown command /bogus"), "{err}");
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&saved).unwrap()).unwrap();
+    assert_eq!(s["format"], "cortiq-session");
+    assert_eq!(s["system"], "Be brief.");
+    assert_eq!(s["sampling"]["greedy"], true);
+    assert_eq!(s["precision"], "exact");
+    assert_eq!(s["messages"][0]["content"], "Hello");
+    assert_eq!(ids_of(&s["messages"][1]["ids"]).len(), 4);
+    assert_eq!(s["model"]["directory_hash"].as_str().unwrap().len(), 16);
+
+    // Loaded again (--session and /load), the greedy answer replays identically.
+    for how in ["flag", "command"] {
+        let mut cmd = assert_cmd::cargo::cargo_bin_cmd!("cortiq");
+        cmd.args(["run"]).arg(model()).args(["--ignore-eos"]);
+        let input = if how == "flag" {
+            cmd.arg("--session").arg(&saved);
+            "/replay\n/show\n".to_string()
+        } else {
+            format!("/load {}\n/replay\n/show\n", saved.display())
+        };
+        let o = cmd.write_stdin(input).output().unwrap();
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("[replayed 1 answers: 1 identical, 0 differ]"),
+            "{how}: {err}"
+        );
+        assert!(err.contains("[system: Be brief.]"), "{how}: {err}");
+    }
+    // A damaged session file is refused with a usage error.
+    std::fs::write(&saved, "{\"format\": 1}").unwrap();
+    let o = assert_cmd::cargo::cargo_bin_cmd!("cortiq")
+        .args(["run"])
+        .arg(model())
+        .arg("--session")
+        .arg(&saved)
+        .write_stdin("")
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("not a saved session"), "{}", stderr(&o));
+}

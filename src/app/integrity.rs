@@ -14,7 +14,7 @@ use cortiq_engine::format::signature::{self, SignatureStatus};
 use cortiq_engine::format::verify::{
     verify, Link, LinkResult, LinkStatus, VerifyEvent, VerifyOptions, VerifyReport,
 };
-use cortiq_engine::format::{feature, CmfFile, DType, SectionKind};
+use cortiq_engine::format::{feature, CmfFile, SectionKind};
 use cortiq_engine::quant;
 use cortiq_views::integrity::{self as view, ChainRow, IntegrityVm, Mark, Note, Tone};
 use cortiq_views::util::{human_bytes, shape_str};
@@ -141,10 +141,6 @@ pub struct IntegrityState {
     failing: Vec<usize>,
     signature: Option<LinkStatus>,
     run: Option<Run>,
-}
-
-fn payload_check(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<(), String> {
-    quant::validate(dtype, shape, bytes).map_err(|e| e.to_string())
 }
 
 fn human_duration(d: Duration) -> String {
@@ -1278,7 +1274,7 @@ fn run_verify(
     let outcome = std::thread::scope(|s| {
         let hashing = s.spawn(move || {
             let opts = VerifyOptions {
-                payload_check: Some(payload_check),
+                payload_check: Some(quant::payload_check),
                 signature: true,
                 trusted_keys,
                 cancel: Some(cancel),

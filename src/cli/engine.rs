@@ -4,9 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cortiq_engine::format::shards::CmfModel;
-use cortiq_engine::format::verify::{verify, LinkStatus, VerifyOptions};
 use cortiq_engine::model::{Model, ModelError, Precision};
+use cortiq_engine::runtime::load::{load_verified, LoadError, LoadOptions};
 use serde_json::{Map, Value};
 
 use super::common::CliError;
@@ -74,6 +73,24 @@ pub fn model_error(path: &Path, e: &ModelError) -> CliError {
     }
 }
 
+/// The CLI's form of a load failure: a damaged file exits 1 with a hint.
+pub fn load_error(path: &Path, e: LoadError) -> CliError {
+    match e {
+        LoadError::Format(f) => CliError::format(path, &f),
+        LoadError::Integrity { link, why } => CliError {
+            kind: "Integrity".into(),
+            message: format!(
+                "{}: the {link} fails its check ({why}); `cortiq verify` shows the whole \
+                 chain, --no-verify runs the model anyway",
+                path.display()
+            ),
+            code: 1,
+        },
+        LoadError::Cancelled => CliError::io("cancelled"),
+        LoadError::Model(m) => model_error(path, &m),
+    }
+}
+
 /// Sets the size of the engine's pool and of rayon's global one (hash checks) once per
 /// process.
 pub fn init_threads(threads: Option<usize>) -> Result<(), CliError> {
@@ -132,44 +149,12 @@ impl ModelArgs {
                 self.file.display()
             )));
         }
-        let file = CmfModel::open(&self.file).map_err(|e| CliError::format(&self.file, &e))?;
-        if !self.no_verify {
-            // A flipped weight byte must not silently change answers: the whole chain is
-            // checked first (tens of milliseconds for a 500 MB file).
-            for shard in &file.shards {
-                let report = verify(
-                    shard,
-                    &VerifyOptions {
-                        payload_check: Some(|d, s, b| {
-                            cortiq_engine::quant::validate(d, s, b).map_err(|e| e.to_string())
-                        }),
-                        ..Default::default()
-                    },
-                    &|_| {},
-                );
-                if let Some(f) = report.first_failure {
-                    let why = match &f.status {
-                        LinkStatus::Mismatch { expected, actual } => {
-                            format!("hash {actual}, recorded {expected}")
-                        }
-                        LinkStatus::Invalid { reason } => reason.clone(),
-                        other => format!("{other:?}"),
-                    };
-                    return Err(CliError {
-                        kind: "Integrity".into(),
-                        message: format!(
-                            "{}: the {} fails its check ({why}); `cortiq verify` shows the \
-                             whole chain, --no-verify runs the model anyway",
-                            self.file.display(),
-                            f.link.describe(),
-                        ),
-                        code: 1,
-                    });
-                }
-            }
-        }
-        let model = Model::load_with(Arc::new(file), &overrides)
-            .map_err(|e| model_error(&self.file, &e))?;
+        let opts = LoadOptions {
+            skip_verify: self.no_verify,
+            overrides,
+            precision: Precision::Exact,
+        };
+        let model = load_verified(&self.file, &opts).map_err(|e| load_error(&self.file, e))?;
         for w in &model.warnings {
             eprintln!("cortiq: warning: {w}");
         }

@@ -1,18 +1,21 @@
-//! `cortiq run FILE`: chat in the terminal (history kept within the session, answers
-//! streamed, Ctrl-C stops the answer and not the program), or one-shot with `--prompt`
-//! or `--ids`. `--json` prints `{"ids", "text", "stats"}` (DESIGN.md).
+//! `cortiq run FILE`: chat in the terminal (history kept, answers streamed, Ctrl-C stops
+//! the answer and not the program, `/commands` for settings and sessions), or one-shot
+//! with `--prompt` or `--ids`. `--json` prints `{"ids", "text", "stats"}` (DESIGN.md).
+//! The chat goes through the engine's `Conversation`, as the workbench's chat view does.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use cortiq_engine::chat::template::RenderOptions;
+use cortiq_engine::chat::conversation::{
+    Conversation, ConversationError, ReplyStep, SavedSession, Settings,
+};
 use cortiq_engine::chat::ChatBundle;
 use cortiq_engine::runtime::sampler::SamplingParams;
-use cortiq_engine::runtime::session::{Event, GenerateParams, GenerationStats, Session};
+use cortiq_engine::runtime::session::{GenerateParams, GenerationStats, Session, Step};
 use serde_json::{json, Map, Value};
 
-use super::common::{emit, esc, print_json, CliError, CmdResult, Status};
+use super::common::{emit, esc, esc_path, print_json, CliError, CmdResult, Status};
 use super::engine::{model_error, parse_ids, parse_var, ModelArgs};
 
 #[derive(clap::Args, Debug)]
@@ -60,6 +63,10 @@ pub struct Args {
     /// Print timings after each answer (stderr).
     #[arg(long)]
     pub stats: bool,
+    /// Start from a saved session (`/save` in the chat, or the workbench's): its
+    /// messages and settings.
+    #[arg(long, value_name = "S.json", conflicts_with_all = ["prompt", "ids"])]
+    pub session: Option<std::path::PathBuf>,
     #[arg(long)]
     pub json: bool,
 }
@@ -82,16 +89,22 @@ impl Args {
         Ok(p)
     }
 
-    fn render_options(&self) -> Result<RenderOptions, CliError> {
+    fn vars(&self) -> Result<Map<String, Value>, CliError> {
         let mut extra = Map::new();
         for v in &self.vars {
             let (k, val) = parse_var(v, "--var")?;
             extra.insert(k, val);
         }
-        Ok(RenderOptions {
-            add_generation_prompt: true,
-            extra,
-            ..Default::default()
+        Ok(extra)
+    }
+
+    fn settings(&self) -> Result<Settings, CliError> {
+        Ok(Settings {
+            system: self.system.clone(),
+            vars: self.vars()?,
+            sampling: self.sampling()?,
+            max_tokens: self.max_tokens,
+            ignore_eos: self.ignore_eos,
         })
     }
 }
@@ -101,6 +114,18 @@ fn chat_error(a: &Args, e: impl std::fmt::Display) -> CliError {
         kind: "Chat".into(),
         message: format!("{}: {e}", a.model.file.display()),
         code: 1,
+    }
+}
+
+fn conversation_error(a: &Args, e: ConversationError) -> CliError {
+    match e {
+        ConversationError::Model { error, .. } => model_error(&a.model.file, &error),
+        ConversationError::ContextFull { .. } => CliError {
+            kind: "Model".into(),
+            message: format!("{}: {e}", a.model.file.display()),
+            code: 2,
+        },
+        other => chat_error(a, other),
     }
 }
 
@@ -119,76 +144,69 @@ fn stats_line(s: &GenerationStats) -> String {
     )
 }
 
-pub fn run(a: &Args) -> CmdResult {
-    if a.max_tokens == 0 {
-        return Err(CliError::usage("--max-tokens must be at least 1"));
-    }
-    let sampling = a.sampling()?;
-    let render = a.render_options()?;
-    let model = a.model.load()?;
-    let bundle = ChatBundle::from_model(&model.file).map_err(|e| chat_error(a, e))?;
-    let mut session = Session::new(model.clone(), a.model.context(&model));
-    let params = GenerateParams {
-        max_tokens: a.max_tokens,
-        sampling,
-        stop_ids: if a.ignore_eos {
-            Vec::new()
-        } else {
-            bundle.eos_token_ids().to_vec()
-        },
-    };
+/// Ctrl-C cancels the answer being generated; at the prompt it ends the program.
+struct Interrupt {
+    cancel: Arc<AtomicBool>,
+    generating: Arc<AtomicBool>,
+}
 
-    // Ctrl-C cancels the answer being generated; at the prompt it ends the program.
-    let cancel = Arc::new(AtomicBool::new(false));
-    let generating = Arc::new(AtomicBool::new(false));
-    {
-        let (cancel, generating) = (cancel.clone(), generating.clone());
+impl Interrupt {
+    fn install() -> Interrupt {
+        let cancel = Arc::new(AtomicBool::new(false));
+        let generating = Arc::new(AtomicBool::new(false));
+        let (c, g) = (cancel.clone(), generating.clone());
         // Without a handler (another one installed) Ctrl-C simply ends the program.
         let _ = ctrlc::set_handler(move || {
-            if generating.load(Ordering::SeqCst) {
-                cancel.store(true, Ordering::SeqCst);
+            if g.load(Ordering::SeqCst) {
+                c.store(true, Ordering::SeqCst);
             } else {
                 eprintln!();
                 std::process::exit(130);
             }
         });
+        Interrupt { cancel, generating }
     }
 
-    let one_shot = a.prompt.is_some() || a.ids.is_some();
-    if one_shot {
-        let prompt_ids = if let Some(ids) = &a.ids {
-            parse_ids(ids)?
-        } else {
-            let text = a.prompt.as_deref().unwrap_or_default();
-            let rendered = if a.raw {
-                text.to_string()
-            } else {
-                let mut messages = Vec::new();
-                if let Some(s) = &a.system {
-                    messages.push(json!({"role": "system", "content": s}));
-                }
-                messages.push(json!({"role": "user", "content": text}));
-                bundle
-                    .render_chat(&Value::Array(messages), &render)
-                    .map_err(|e| chat_error(a, e))?
-            };
-            let tok = bundle
-                .tokenizer()
-                .ok_or_else(|| chat_error(a, "the file has no tokenizer; use --ids"))?;
-            // Raw text gets the tokenizer's own special tokens; a rendered chat has them.
-            tok.encode(&rendered, a.raw).map_err(|e| chat_error(a, e))?
-        };
+    fn begin(&self) {
+        self.cancel.store(false, Ordering::SeqCst);
+        self.generating.store(true, Ordering::SeqCst);
+    }
+
+    fn end(&self) {
+        self.generating.store(false, Ordering::SeqCst);
+    }
+
+    fn requested(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
+    }
+}
+
+pub fn run(a: &Args) -> CmdResult {
+    if a.max_tokens == 0 {
+        return Err(CliError::usage("--max-tokens must be at least 1"));
+    }
+    let settings = a.settings()?;
+    let model = a.model.load()?;
+    let bundle = Arc::new(ChatBundle::from_model(&model.file).map_err(|e| chat_error(a, e))?);
+    let interrupt = Interrupt::install();
+    let context = a.model.context(&model);
+
+    if a.ids.is_some() || (a.prompt.is_some() && a.raw) {
+        return one_shot_raw(a, &model, &bundle, &settings, context, &interrupt);
+    }
+    let mut conv = Conversation::new(model.clone(), bundle.clone(), context, settings).map_err(
+        |e| match e {
+            ConversationError::Chat(cortiq_engine::chat::ChatError::NoTokenizer) => chat_error(
+                a,
+                "the file has no tokenizer: nothing to chat with (use --ids)",
+            ),
+            e => conversation_error(a, e),
+        },
+    )?;
+    if let Some(p) = &a.prompt {
+        conv.push_user(p.as_str());
         let stream = !a.json;
-        let (ids, text, stats) = answer(
-            a,
-            &bundle,
-            &mut session,
-            &prompt_ids,
-            &params,
-            &cancel,
-            &generating,
-            stream,
-        )?;
+        let (ids, text, stats) = answer(a, &mut conv, &interrupt, stream, false)?;
         if a.json {
             print_json(&json!({ "ids": ids, "text": text, "stats": stats }))?;
         } else {
@@ -199,25 +217,114 @@ pub fn run(a: &Args) -> CmdResult {
         }
         return Ok(Status::Success);
     }
-
-    // Interactive chat.
     if a.json {
         return Err(CliError::usage("--json needs --prompt or --ids"));
     }
-    let tok = bundle
-        .tokenizer()
-        .ok_or_else(|| chat_error(a, "the file has no tokenizer: nothing to chat with"))?;
+    if let Some(path) = &a.session {
+        let saved = read_session(path).map_err(CliError::usage)?;
+        if let Some(w) = load_session(&mut conv, &saved) {
+            eprintln!("cortiq: warning: {w}");
+        }
+    }
+    chat_loop(a, &mut conv, &interrupt)
+}
+
+/// `--ids`, or `--prompt --raw`: the tokens as they are, no template.
+fn one_shot_raw(
+    a: &Args,
+    model: &Arc<cortiq_engine::model::Model>,
+    bundle: &ChatBundle,
+    settings: &Settings,
+    context: usize,
+    interrupt: &Interrupt,
+) -> CmdResult {
+    let prompt_ids = if let Some(ids) = &a.ids {
+        parse_ids(ids)?
+    } else {
+        let tok = bundle
+            .tokenizer()
+            .ok_or_else(|| chat_error(a, "the file has no tokenizer; use --ids"))?;
+        // Raw text gets the tokenizer's own special tokens (a BOS for Llama-style ones).
+        tok.encode(a.prompt.as_deref().unwrap_or_default(), true)
+            .map_err(|e| chat_error(a, e))?
+    };
+    let params = GenerateParams {
+        max_tokens: settings.max_tokens,
+        sampling: settings.sampling.clone(),
+        stop_ids: if a.ignore_eos {
+            Vec::new()
+        } else {
+            bundle.eos_token_ids().to_vec()
+        },
+    };
+    let mut session = Session::new(model.clone(), context);
+    let mut printer = bundle.tokenizer().map(|t| t.stream(true));
+    let mut text = String::new();
+    let mut out = std::io::stdout();
+    let stream = !a.json;
+    interrupt.begin();
+    let result = (|| {
+        let mut g = session.start(&prompt_ids, &params)?;
+        loop {
+            if interrupt.requested() {
+                g.cancel();
+            }
+            match g.next().map_err(|e| e.error)? {
+                Step::Token(t) => {
+                    if let Some(p) = printer.as_mut() {
+                        if let Ok(Some(piece)) = p.step(t.id) {
+                            if stream {
+                                let _ = write!(out, "{}", esc_keep_newlines(&piece));
+                                let _ = out.flush();
+                            }
+                            text.push_str(&piece);
+                        }
+                    }
+                }
+                Step::Prefill { .. } => {}
+                Step::Done(stats) => return Ok((g.output().to_vec(), stats)),
+            }
+        }
+    })();
+    interrupt.end();
+    let (ids, stats) = result.map_err(|e| model_error(&a.model.file, &e))?;
+    if let Some(Ok(Some(rest))) = printer.as_mut().map(|p| p.finish()) {
+        if stream {
+            let _ = write!(out, "{}", esc_keep_newlines(&rest));
+        }
+        text.push_str(&rest);
+    }
+    if a.json {
+        print_json(&json!({ "ids": ids, "text": text, "stats": stats }))?;
+    } else {
+        emit("\n")?;
+        if a.stats {
+            eprintln!("{}", stats_line(&stats));
+        }
+    }
+    Ok(Status::Success)
+}
+
+const CHAT_HELP: &str = "commands:
+  /system TEXT        set the system prompt (/system alone clears it)
+  /set KEY VALUE      temp, top-k, top-p, min-p, repeat, seed, max-tokens, greedy on|off,
+                      var NAME=VALUE (a template variable, e.g. var enable_thinking=false)
+  /show               the settings in force
+  /retry              answer the last question again
+  /reset              forget the conversation
+  /save FILE          save the session (messages, settings, generated ids) as JSON
+  /load FILE          continue a saved session
+  /replay             generate every answer of the conversation again and compare the ids
+  /exit               quit (also Ctrl-D)";
+
+fn chat_loop(a: &Args, conv: &mut Conversation, interrupt: &Interrupt) -> CmdResult {
     let interactive = std::io::stdin().is_terminal();
     if interactive {
         eprintln!(
-            "chat with {} ({} template; Ctrl-C stops an answer, Ctrl-D or /exit quits, /reset forgets)",
+            "chat with {} ({} template; Ctrl-C stops an answer, Ctrl-D or /exit quits, /help lists commands)",
             a.model.file.display(),
-            bundle.template_origin().as_str()
+            conv.bundle().template_origin().as_str()
         );
-    }
-    let mut messages: Vec<Value> = Vec::new();
-    if let Some(s) = &a.system {
-        messages.push(json!({"role": "system", "content": s}));
     }
     let stdin = std::io::stdin();
     let mut line = String::new();
@@ -233,98 +340,280 @@ pub fn run(a: &Args) -> CmdResult {
             Err(e) => return Err(CliError::io(format!("reading stdin: {e}"))),
         }
         let text = line.trim_end_matches(['\n', '\r']);
-        match text.trim() {
-            "" => continue,
-            "/exit" | "/quit" => break,
-            "/reset" => {
-                messages.retain(|m| m["role"] == "system");
-                session.reset();
-                eprintln!("[conversation forgotten]");
-                continue;
-            }
-            _ => {}
-        }
-        messages.push(json!({"role": "user", "content": text}));
-        let rendered = bundle
-            .render_chat(&Value::Array(messages.clone()), &render)
-            .map_err(|e| chat_error(a, e))?;
-        let prompt_ids = tok.encode(&rendered, false).map_err(|e| chat_error(a, e))?;
-        if prompt_ids.len() >= session.capacity() {
-            eprintln!(
-                "[the conversation ({} tokens) fills the context of {}: /reset to start over]",
-                prompt_ids.len(),
-                session.capacity()
-            );
-            messages.pop();
+        if text.trim().is_empty() {
             continue;
         }
-        let (_, answer_text, stats) = answer(
-            a,
-            &bundle,
-            &mut session,
-            &prompt_ids,
-            &params,
-            &cancel,
-            &generating,
-            true,
-        )?;
-        emit("\n")?;
-        if a.stats || stats.stop != cortiq_engine::runtime::session::StopReason::Eos {
-            eprintln!("{}", stats_line(&stats));
+        let retry = match command(a, conv, text.trim()) {
+            Command::NotACommand => false,
+            Command::Retry => true,
+            Command::Done(msg) => {
+                if !msg.is_empty() {
+                    eprintln!("{msg}");
+                }
+                continue;
+            }
+            Command::Exit => break,
+        };
+        if !retry {
+            conv.push_user(text);
         }
-        messages.push(json!({"role": "assistant", "content": answer_text}));
+        match answer(a, conv, interrupt, true, retry) {
+            Ok((_, _, stats)) => {
+                emit("\n")?;
+                if a.stats || stats.stop != cortiq_engine::runtime::session::StopReason::Eos {
+                    eprintln!("{}", stats_line(&stats));
+                }
+            }
+            Err(e) if e.code == 2 || e.kind == "Chat" => {
+                // The turn did not fit or the template refused it: say so, keep chatting.
+                eprintln!("[{}]", e.message);
+                let mut msgs = conv.messages().to_vec();
+                if msgs.last().map(|m| m.role)
+                    == Some(cortiq_engine::chat::conversation::Role::User)
+                    && !retry
+                {
+                    msgs.pop();
+                    conv.set_messages(msgs);
+                }
+            }
+            Err(e) => return Err(e),
+        }
     }
     Ok(Status::Success)
 }
 
-/// Generates one answer, streaming its text to stdout when `stream`.
-#[allow(clippy::too_many_arguments)]
+enum Command {
+    NotACommand,
+    Retry,
+    Exit,
+    /// Handled; print this.
+    Done(String),
+}
+
+/// `/commands` of the line chat.
+fn command(a: &Args, conv: &mut Conversation, text: &str) -> Command {
+    let Some(rest) = text.strip_prefix('/') else {
+        return Command::NotACommand;
+    };
+    let (name, arg) = rest
+        .split_once(char::is_whitespace)
+        .map_or((rest, ""), |(n, r)| (n, r.trim()));
+    let done = |s: String| Command::Done(s);
+    match name {
+        "exit" | "quit" => Command::Exit,
+        "help" | "?" => done(CHAT_HELP.into()),
+        "reset" | "clear" => {
+            conv.reset();
+            done("[conversation forgotten]".into())
+        }
+        "system" => {
+            conv.settings.system = (!arg.is_empty()).then(|| arg.to_string());
+            done(if arg.is_empty() {
+                "[system prompt cleared]".into()
+            } else {
+                "[system prompt set]".into()
+            })
+        }
+        "set" => match set_setting(&mut conv.settings, arg) {
+            Ok(()) => done(format!("[{}]", settings_line(&conv.settings))),
+            Err(e) => done(format!("[/set: {e}]")),
+        },
+        "show" | "settings" => done(format!(
+            "[{}]\n[system: {}]",
+            settings_line(&conv.settings),
+            conv.settings.system.as_deref().unwrap_or("(none)")
+        )),
+        "retry" | "regen" => {
+            if conv.messages().last().map(|m| m.role)
+                == Some(cortiq_engine::chat::conversation::Role::Assistant)
+            {
+                let mut msgs = conv.messages().to_vec();
+                msgs.pop();
+                conv.set_messages(msgs);
+                Command::Retry
+            } else {
+                done("[no answer to retry]".into())
+            }
+        }
+        "save" if !arg.is_empty() => {
+            let saved = SavedSession::of(
+                conv,
+                &a.model.file.display().to_string(),
+                conv.model().precision(),
+            );
+            match cortiq_engine::format::writer::write_atomic(
+                std::path::Path::new(arg),
+                saved.to_json().as_bytes(),
+            ) {
+                Ok(()) => done(format!(
+                    "[saved {} messages to {}]",
+                    conv.messages().len(),
+                    esc_path(std::path::Path::new(arg))
+                )),
+                Err(e) => done(format!("[/save: {e}]")),
+            }
+        }
+        "load" if !arg.is_empty() => match read_session(std::path::Path::new(arg)) {
+            Ok(saved) => {
+                let warning = load_session(conv, &saved);
+                done(format!(
+                    "[loaded {} messages]{}",
+                    saved.messages.len(),
+                    warning
+                        .map(|w| format!("\n[warning: {w}]"))
+                        .unwrap_or_default()
+                ))
+            }
+            Err(e) => done(format!("[/load: {e}]")),
+        },
+        "replay" => {
+            let saved = SavedSession::of(conv, "", conv.model().precision());
+            match conv.replay(&saved) {
+                Ok(turns) if turns.is_empty() => done("[nothing to replay]".into()),
+                Ok(turns) => {
+                    let same = turns.iter().filter(|t| t.same()).count();
+                    done(format!(
+                        "[replayed {} answers: {same} identical, {} differ{}]",
+                        turns.len(),
+                        turns.len() - same,
+                        if conv.settings.sampling.is_greedy() {
+                            ""
+                        } else {
+                            " (sampling is not greedy: answers may differ)"
+                        }
+                    ))
+                }
+                Err(e) => done(format!("[/replay: {e}]")),
+            }
+        }
+        _ => done(format!("[unknown command /{name}: /help lists them]")),
+    }
+}
+
+pub fn read_session(path: &std::path::Path) -> Result<SavedSession, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    SavedSession::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Takes a saved session's messages and settings; a warning when it was saved from
+/// another model.
+fn load_session(conv: &mut Conversation, saved: &SavedSession) -> Option<String> {
+    conv.settings = saved.settings();
+    conv.set_messages(saved.messages.clone());
+    let hash = conv.model().file.primary().directory_hash();
+    (!saved.matches_model(hash)).then(|| {
+        format!(
+            "the session was saved from another model ({}, directory hash {}); answers will differ",
+            saved.model.path, saved.model.directory_hash
+        )
+    })
+}
+
+/// The sampler in one line.
+pub fn settings_line(s: &Settings) -> String {
+    let p = &s.sampling;
+    let how = if p.is_greedy() {
+        "greedy".to_string()
+    } else {
+        format!(
+            "temp {} · top-k {} · top-p {} · min-p {}",
+            p.temperature, p.top_k, p.top_p, p.min_p
+        )
+    };
+    format!(
+        "{how} · repeat {} · seed {} · max {} tokens",
+        p.repetition_penalty, p.seed, s.max_tokens
+    )
+}
+
+/// `/set KEY VALUE`.
+fn set_setting(s: &mut Settings, arg: &str) -> Result<(), String> {
+    let (key, value) = arg
+        .split_once(char::is_whitespace)
+        .map(|(k, v)| (k, v.trim()))
+        .ok_or("expected KEY VALUE (e.g. /set temp 0.3)")?;
+    let mut next = s.clone();
+    let num = |v: &str| {
+        v.parse::<f32>()
+            .map_err(|_| format!("{v:?} is not a number"))
+    };
+    let int = |v: &str| {
+        v.parse::<u64>()
+            .map_err(|_| format!("{v:?} is not a whole number"))
+    };
+    match key {
+        "temp" | "temperature" => next.sampling.temperature = num(value)?,
+        "top-k" | "top_k" => next.sampling.top_k = int(value)? as usize,
+        "top-p" | "top_p" => next.sampling.top_p = num(value)?,
+        "min-p" | "min_p" => next.sampling.min_p = num(value)?,
+        "repeat" | "repeat-penalty" | "repeat_penalty" => {
+            next.sampling.repetition_penalty = num(value)?
+        }
+        "seed" => next.sampling.seed = int(value)?,
+        "max-tokens" | "max_tokens" => {
+            next.max_tokens = (int(value)? as usize).max(1);
+        }
+        "greedy" => match value {
+            "on" | "true" | "1" => next.sampling.temperature = 0.0,
+            "off" | "false" | "0" => {
+                if next.sampling.temperature <= 0.0 {
+                    next.sampling.temperature = Settings::default().sampling.temperature;
+                }
+            }
+            other => return Err(format!("greedy {other:?}: expected on or off")),
+        },
+        "var" => {
+            let (k, v) = parse_var(value, "var").map_err(|e| e.message)?;
+            next.vars.insert(k, v);
+        }
+        other => return Err(format!("unknown setting {other:?}")),
+    }
+    next.sampling.validate()?;
+    *s = next;
+    Ok(())
+}
+
+/// Generates one answer to the conversation's last user message (or, with `retry`, the
+/// same question again), streaming its text to stdout when `stream`.
 fn answer(
     a: &Args,
-    bundle: &ChatBundle,
-    session: &mut Session,
-    prompt: &[u32],
-    params: &GenerateParams,
-    cancel: &AtomicBool,
-    generating: &AtomicBool,
+    conv: &mut Conversation,
+    interrupt: &Interrupt,
     stream: bool,
+    _retry: bool,
 ) -> Result<(Vec<u32>, String, GenerationStats), CliError> {
-    let mut text = String::new();
-    let mut printer = bundle.tokenizer().map(|t| t.stream(true));
-    let mut failure = None;
     let mut out = std::io::stdout();
-    cancel.store(false, Ordering::SeqCst);
-    generating.store(true, Ordering::SeqCst);
-    let result = session.generate(prompt, params, Some(cancel), &mut |ev| {
-        if let (Event::Token { id, .. }, Some(p)) = (ev, printer.as_mut()) {
-            match p.step(*id) {
-                Ok(Some(piece)) => {
-                    if stream {
-                        // Model output may hold control characters: escape them.
-                        let _ = write!(out, "{}", esc_keep_newlines(&piece));
-                        let _ = out.flush();
-                    }
-                    text.push_str(&piece);
+    let mut printed = 0;
+    interrupt.begin();
+    let result = (|| {
+        let mut reply = conv.reply()?;
+        loop {
+            if interrupt.requested() {
+                reply.cancel();
+            }
+            match reply.next()? {
+                ReplyStep::Token {
+                    piece: Some(piece), ..
+                } if stream => {
+                    // Model output may hold control characters: escape them.
+                    let _ = write!(out, "{}", esc_keep_newlines(&piece));
+                    let _ = out.flush();
+                    printed += piece.len();
                 }
-                Ok(None) => {}
-                Err(e) => failure = Some(e.to_string()),
+                ReplyStep::Done(stats) => {
+                    // What the detokenizer held back until the end.
+                    if stream {
+                        let rest = reply.text().get(printed..).unwrap_or_default();
+                        let _ = write!(out, "{}", esc_keep_newlines(rest));
+                    }
+                    return Ok((reply.ids().to_vec(), reply.text().to_string(), stats));
+                }
+                _ => {}
             }
         }
-    });
-    generating.store(false, Ordering::SeqCst);
-    let (ids, stats) = result.map_err(|e| model_error(&a.model.file, &e))?;
-    if let Some(p) = printer.as_mut() {
-        if let Ok(Some(rest)) = p.finish() {
-            if stream {
-                let _ = write!(out, "{}", esc_keep_newlines(&rest));
-            }
-            text.push_str(&rest);
-        }
-    }
-    if let Some(f) = failure {
-        return Err(chat_error(a, f));
-    }
-    Ok((ids, text, stats))
+    })();
+    interrupt.end();
+    result.map_err(|e| conversation_error(a, e))
 }
 
 /// [`esc`] for generated text, which may hold newlines and tabs but nothing that moves the

@@ -59,14 +59,6 @@ fn parse_trusted(s: &str) -> Result<[u8; 32], CliError> {
         })
 }
 
-fn payload_check(
-    dtype: cortiq_engine::format::DType,
-    shape: &[u64],
-    bytes: &[u8],
-) -> Result<(), String> {
-    quant::validate(dtype, shape, bytes).map_err(|e| e.to_string())
-}
-
 pub fn run(args: &Args) -> CmdResult {
     let trusted = args
         .trusted_key
@@ -88,7 +80,7 @@ pub fn run(args: &Args) -> CmdResult {
         Err(e) => return Err(e),
     };
     let opts = VerifyOptions {
-        payload_check: Some(payload_check),
+        payload_check: Some(quant::payload_check),
         signature: !args.no_signature,
         trusted_keys: trusted,
         cancel: None,

@@ -7,6 +7,7 @@
 
 mod pyfmt;
 mod strftime;
+pub mod conversation;
 pub mod template;
 pub mod tokenizer;
 

@@ -287,6 +287,11 @@ impl Model {
     /// Sets how every weight product takes its activations: [`Precision::Exact`] (the
     /// default; f32, the parity path) or [`Precision::Fast`] (activations quantized to
     /// int8 per group of 32 for the integer kernels of q8/q4 dtypes).
+    /// The precision set by [`Model::set_precision`].
+    pub fn precision(&self) -> Precision {
+        self.embed.precision
+    }
+
     pub fn set_precision(&mut self, p: Precision) {
         self.embed.precision = p;
         self.lm_head.precision = p;

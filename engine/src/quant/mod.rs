@@ -156,6 +156,12 @@ pub fn geometry(dtype: DType, shape: &[u64]) -> Result<Geom, QuantError> {
     })
 }
 
+/// [`validate`] as `format::verify` takes it (a [`crate::format::verify::VerifyOptions`]
+/// payload check): the variable-length layouts that opening a file does not read.
+pub fn payload_check(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<(), String> {
+    validate(dtype, shape, bytes).map_err(|e| e.to_string())
+}
+
 /// Checks that `bytes` is exactly a payload of `dtype` for `shape`: the byte count of
 /// fixed-size layouts, and for variable ones every count, offset, index and bit width
 /// (see each codec's `validate`). It does not inspect the numeric values of scales or

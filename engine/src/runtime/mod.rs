@@ -2,6 +2,7 @@
 //! sampling, and measures over logits.
 
 pub mod kv_cache;
+pub mod load;
 pub mod metrics;
 pub mod sampler;
 pub mod session;

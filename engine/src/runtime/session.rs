@@ -25,7 +25,7 @@ pub struct GenerateParams {
     pub stop_ids: Vec<u32>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopReason {
     /// A stop id was generated (it is part of the output ids).
@@ -34,6 +34,10 @@ pub enum StopReason {
     /// The context is full.
     ContextFull,
     Cancelled,
+    /// A step failed (see [`GenerationError`]).
+    Error,
+    /// Not stopped yet (the stats of a generation in progress).
+    Running,
 }
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -102,6 +106,19 @@ impl Session {
     /// Puts `prompt` in the cache, reusing the common prefix with what it holds, and
     /// leaves the last position's logits in the workspace. Returns the reused count.
     pub fn prefill(&mut self, prompt: &[u32]) -> Result<usize, ModelError> {
+        let reused = self.begin_prefill(prompt)?;
+        let rest = &prompt[reused..];
+        let n = rest.len().div_ceil(PREFILL_CHUNK);
+        for (i, chunk) in rest.chunks(PREFILL_CHUNK).enumerate() {
+            self.prefill_chunk(chunk, i + 1 == n)?;
+        }
+        Ok(reused)
+    }
+
+    /// Checks `prompt` and drops the cached positions past its common prefix with the
+    /// tokens the cache holds; returns how many positions stay (at most `len - 1`: the
+    /// last prompt token must run to give its logits).
+    fn begin_prefill(&mut self, prompt: &[u32]) -> Result<usize, ModelError> {
         if prompt.is_empty() {
             return Err(ModelError::Config {
                 field: "prompt".into(),
@@ -114,29 +131,26 @@ impl Session {
                 capacity: self.cache.capacity,
             });
         }
-        let mut common = self
+        let common = self
             .tokens
             .iter()
             .zip(prompt)
             .take_while(|(a, b)| a == b)
-            .count();
-        // The last prompt token must be run to get its logits.
-        common = common.min(prompt.len() - 1);
+            .count()
+            .min(prompt.len() - 1);
         self.tokens.truncate(common);
         self.cache.truncate(common);
-        let rest = &prompt[common..];
-        let n = rest.len().div_ceil(PREFILL_CHUNK);
-        for (i, chunk) in rest.chunks(PREFILL_CHUNK).enumerate() {
-            let want = if i + 1 == n {
-                Logits::Last
-            } else {
-                Logits::None
-            };
-            self.model
-                .forward(chunk, &mut self.cache, &mut self.ws, want, None)?;
-            self.tokens.extend_from_slice(chunk);
-        }
         Ok(common)
+    }
+
+    /// Runs one chunk of prompt tokens after those the cache holds; `last` asks for the
+    /// logits of its final position.
+    fn prefill_chunk(&mut self, chunk: &[u32], last: bool) -> Result<(), ModelError> {
+        let want = if last { Logits::Last } else { Logits::None };
+        self.model
+            .forward(chunk, &mut self.cache, &mut self.ws, want, None)?;
+        self.tokens.extend_from_slice(chunk);
+        Ok(())
     }
 
     /// Runs one more token; its logits replace the workspace's.
@@ -157,10 +171,41 @@ impl Session {
         &mut self.ws.logits[..v]
     }
 
+    /// Starts generating after `prompt`: nothing runs until [`Generation::next`], which
+    /// advances one prefill chunk or one token per call, so the owner can cancel, change
+    /// the sampler or look at each token between calls.
+    pub fn start(
+        &mut self,
+        prompt: &[u32],
+        params: &GenerateParams,
+    ) -> Result<Generation<'_>, ModelError> {
+        let started = Instant::now();
+        let reused = self.begin_prefill(prompt)?;
+        let vocab = self.model.config.vocab;
+        Ok(Generation {
+            sampler: Sampler::new(params.sampling.clone(), vocab),
+            params: params.clone(),
+            pending: prompt[reused..].to_vec(),
+            prompt_len: prompt.len(),
+            reused,
+            prefilled: 0,
+            out: Vec::with_capacity(params.max_tokens.min(self.cache.capacity)),
+            to_run: None,
+            stop: None,
+            started,
+            prefill_time: Duration::ZERO,
+            decode_start: None,
+            decode_time: Duration::ZERO,
+            ttft: None,
+            raw: Vec::with_capacity(vocab),
+            session: self,
+        })
+    }
+
     /// Prefills `prompt`, then samples up to `max_tokens`, reporting each token. Stops at a
-    /// stop id, the token budget, a full context or `cancel` (checked between tokens).
-    /// The whole loop runs inside the engine's pool, so that no token pays for handing
-    /// work to it.
+    /// stop id, the token budget, a full context or `cancel` (checked between prefill
+    /// chunks and between tokens). The whole loop runs inside the engine's pool, so that
+    /// no token pays for handing work to it.
     pub fn generate(
         &mut self,
         prompt: &[u32],
@@ -168,58 +213,265 @@ impl Session {
         cancel: Option<&AtomicBool>,
         on_event: &mut (dyn FnMut(&Event) + Send),
     ) -> Result<(Vec<u32>, GenerationStats), ModelError> {
-        crate::runtime::threads::pool()
-            .install(|| self.generate_in_pool(prompt, params, cancel, on_event))
+        crate::runtime::threads::pool().install(|| {
+            let mut g = self.start(prompt, params)?;
+            loop {
+                if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                    g.cancel();
+                }
+                match g.next().map_err(|e| e.error)? {
+                    Step::Prefill { done, total } if done == total => on_event(&Event::Prefilled {
+                        tokens: g.prompt_len,
+                        elapsed: g.prefill_time,
+                    }),
+                    Step::Prefill { .. } => {}
+                    Step::Token(t) => on_event(&Event::Token {
+                        id: t.id,
+                        index: t.index,
+                    }),
+                    Step::Done(stats) => return Ok((g.out, stats)),
+                }
+            }
+        })
+    }
+}
+
+/// How many alternatives each generated token reports.
+pub const TOP_ALTERNATIVES: usize = 10;
+
+/// The most likely tokens at one position, most likely first, with their probabilities
+/// under the model's own softmax (temperature 1, before any penalty or truncation).
+/// A fixed array, so that reporting them allocates nothing per token.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TopTokens {
+    pub ids: [u32; TOP_ALTERNATIVES],
+    pub probs: [f32; TOP_ALTERNATIVES],
+    pub len: usize,
+}
+
+impl TopTokens {
+    pub fn iter(&self) -> impl Iterator<Item = (u32, f32)> + '_ {
+        self.ids[..self.len]
+            .iter()
+            .copied()
+            .zip(self.probs[..self.len].iter().copied())
+    }
+}
+
+/// The probability of `chosen` and the top alternatives under softmax(`logits`).
+/// NaN logits count as impossible.
+pub fn token_probs(logits: &[f32], chosen: u32) -> (f32, TopTokens) {
+    let mut top = TopTokens {
+        ids: [0; TOP_ALTERNATIVES],
+        probs: [f32::NEG_INFINITY; TOP_ALTERNATIVES],
+        len: 0,
+    };
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|l| !l.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return (0.0, top);
+    }
+    let mut sum = 0.0f64;
+    for (i, &l) in logits.iter().enumerate() {
+        if l.is_nan() {
+            continue;
+        }
+        sum += f64::from((l - max).exp());
+        // Keep the best logits in descending order (ties: the lower id first).
+        if top.len < TOP_ALTERNATIVES || l > top.probs[top.len - 1] {
+            let mut j = top.len.min(TOP_ALTERNATIVES - 1);
+            while j > 0 && top.probs[j - 1] < l {
+                top.probs[j] = top.probs[j - 1];
+                top.ids[j] = top.ids[j - 1];
+                j -= 1;
+            }
+            top.probs[j] = l;
+            top.ids[j] = i as u32;
+            top.len = (top.len + 1).min(TOP_ALTERNATIVES);
+        }
+    }
+    let p = |l: f32| ((f64::from(l - max).exp()) / sum) as f32;
+    for k in 0..top.len {
+        top.probs[k] = p(top.probs[k]);
+    }
+    let chosen_p = logits
+        .get(chosen as usize)
+        .filter(|l| !l.is_nan())
+        .map_or(0.0, |&l| p(l));
+    (chosen_p, top)
+}
+
+/// One generated token as [`Generation::next`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TokenStep {
+    pub id: u32,
+    /// Position among the generated tokens (0 = first).
+    pub index: usize,
+    /// Its probability under the model's softmax at that position.
+    pub prob: f32,
+    pub top: TopTokens,
+}
+
+/// What one [`Generation::next`] call did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// A prefill chunk ran: `done` of the `total` prompt tokens not found in the cache
+    /// are in it now.
+    Prefill { done: usize, total: usize },
+    /// A token was chosen (the stop token too).
+    Token(TokenStep),
+    /// Generation is over; every later call says so again.
+    Done(GenerationStats),
+}
+
+/// A failed step, with what had been generated before it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{error}")]
+pub struct GenerationError {
+    pub error: ModelError,
+    pub partial: Vec<u32>,
+}
+
+/// A generation in progress: the session stepped by its owner (see [`Session::start`]).
+pub struct Generation<'s> {
+    session: &'s mut Session,
+    params: GenerateParams,
+    sampler: Sampler,
+    /// Prompt tokens still to prefill.
+    pending: Vec<u32>,
+    prompt_len: usize,
+    reused: usize,
+    prefilled: usize,
+    out: Vec<u32>,
+    /// The last generated token, not yet run through the model.
+    to_run: Option<u32>,
+    stop: Option<StopReason>,
+    started: Instant,
+    prefill_time: Duration,
+    decode_start: Option<Instant>,
+    decode_time: Duration,
+    ttft: Option<Duration>,
+    /// The last position's logits before sampling (vocab-sized, allocated at start).
+    raw: Vec<f32>,
+}
+
+impl Generation<'_> {
+    /// Advances by one prefill chunk or one token. Runs inside the engine's pool.
+    pub fn next(&mut self) -> Result<Step, GenerationError> {
+        crate::runtime::threads::pool().install(|| self.advance())
     }
 
-    fn generate_in_pool(
-        &mut self,
-        prompt: &[u32],
-        params: &GenerateParams,
-        cancel: Option<&AtomicBool>,
-        on_event: &mut (dyn FnMut(&Event) + Send),
-    ) -> Result<(Vec<u32>, GenerationStats), ModelError> {
-        let started = Instant::now();
-        let reused = self.prefill(prompt)?;
-        let prefill_time = started.elapsed();
-        on_event(&Event::Prefilled {
-            tokens: prompt.len(),
-            elapsed: prefill_time,
-        });
-        let mut sampler = Sampler::new(params.sampling.clone(), self.model.config.vocab);
-        let mut out = Vec::with_capacity(params.max_tokens.min(self.cache.capacity));
-        let mut ttft = None;
-        let decode_start = Instant::now();
-        let stop = loop {
-            if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
-                break StopReason::Cancelled;
+    fn advance(&mut self) -> Result<Step, GenerationError> {
+        if self.stop.is_some() {
+            return Ok(Step::Done(self.stats()));
+        }
+        let fail = |g: &mut Self, error: ModelError| {
+            g.stop = Some(StopReason::Error);
+            GenerationError {
+                error,
+                partial: g.out.clone(),
             }
-            if out.len() >= params.max_tokens {
-                break StopReason::MaxTokens;
-            }
-            let v = self.model.config.vocab;
-            let id = sampler.sample(&mut self.ws.logits[..v], &self.tokens);
-            out.push(id);
-            ttft.get_or_insert_with(|| started.elapsed());
-            on_event(&Event::Token {
-                id,
-                index: out.len() - 1,
-            });
-            if params.stop_ids.contains(&id) {
-                break StopReason::Eos;
-            }
-            if out.len() >= params.max_tokens {
-                break StopReason::MaxTokens;
-            }
-            if self.tokens.len() >= self.cache.capacity {
-                break StopReason::ContextFull;
-            }
-            self.step(id)?;
         };
-        let decode_time = decode_start.elapsed();
-        let new = prompt.len() - reused;
-        // Tokens decoded through the model: every generated token but the last.
-        let decoded = out.len().saturating_sub(1);
+        let total = self.pending.len();
+        if self.prefilled < total {
+            let t = Instant::now();
+            let end = (self.prefilled + PREFILL_CHUNK).min(total);
+            let chunk = &self.pending[self.prefilled..end];
+            let r = self.session.model.forward(
+                chunk,
+                &mut self.session.cache,
+                &mut self.session.ws,
+                if end == total {
+                    Logits::Last
+                } else {
+                    Logits::None
+                },
+                None,
+            );
+            self.prefill_time += t.elapsed();
+            if let Err(e) = r {
+                return Err(fail(self, e));
+            }
+            self.session.tokens.extend_from_slice(chunk);
+            self.prefilled = end;
+            return Ok(Step::Prefill { done: end, total });
+        }
+        let t = Instant::now();
+        self.decode_start.get_or_insert(t);
+        if self.out.len() >= self.params.max_tokens {
+            self.stop = Some(StopReason::MaxTokens);
+            return Ok(Step::Done(self.stats()));
+        }
+        if let Some(id) = self.to_run.take() {
+            if let Err(e) = self.session.step(id) {
+                self.decode_time += t.elapsed();
+                return Err(fail(self, e));
+            }
+        }
+        let v = self.session.model.config.vocab;
+        let logits = &mut self.session.ws.logits[..v];
+        // The sampler rewrites logits (penalty): the probabilities are the model's own.
+        self.raw.clear();
+        self.raw.extend_from_slice(logits);
+        let id = self.sampler.sample(logits, &self.session.tokens);
+        let (prob, top) = token_probs(&self.raw, id);
+        self.out.push(id);
+        self.ttft.get_or_insert_with(|| self.started.elapsed());
+        let step = TokenStep {
+            id,
+            index: self.out.len() - 1,
+            prob,
+            top,
+        };
+        if self.params.stop_ids.contains(&id) {
+            self.stop = Some(StopReason::Eos);
+        } else if self.out.len() >= self.params.max_tokens {
+            self.stop = Some(StopReason::MaxTokens);
+        } else if self.session.tokens.len() >= self.session.cache.capacity {
+            self.stop = Some(StopReason::ContextFull);
+        } else {
+            self.to_run = Some(id);
+        }
+        self.decode_time += t.elapsed();
+        Ok(Step::Token(step))
+    }
+
+    /// Stops the generation: the next [`Generation::next`] says `Done` with
+    /// [`StopReason::Cancelled`]. The cache keeps what was computed (a cancelled prefill
+    /// leaves a prefix the next prompt can reuse).
+    pub fn cancel(&mut self) {
+        if self.stop.is_none() {
+            self.stop = Some(StopReason::Cancelled);
+        }
+    }
+
+    /// Sampling from the next token on (a new sampler: its random stream restarts from
+    /// the new seed).
+    pub fn set_sampling(&mut self, sampling: SamplingParams) {
+        let vocab = self.session.model.config.vocab;
+        self.sampler = Sampler::new(sampling.clone(), vocab);
+        self.params.sampling = sampling;
+    }
+
+    /// The tokens generated so far.
+    pub fn output(&self) -> &[u32] {
+        &self.out
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.stop.is_some()
+    }
+
+    /// Prompt tokens: (new ones to prefill, found in the cache).
+    pub fn prompt_split(&self) -> (usize, usize) {
+        (self.pending.len(), self.reused)
+    }
+
+    /// Where the generation stands (final once done).
+    pub fn stats(&self) -> GenerationStats {
         let rate = |n: usize, d: Duration| {
             if d.as_secs_f64() > 0.0 {
                 n as f64 / d.as_secs_f64()
@@ -227,19 +479,20 @@ impl Session {
                 0.0
             }
         };
-        let stats = GenerationStats {
-            prompt_tokens: prompt.len(),
-            reused_tokens: reused,
-            generated_tokens: out.len(),
-            prefill_s: prefill_time.as_secs_f64(),
-            decode_s: decode_time.as_secs_f64(),
-            ttft_s: ttft.unwrap_or(prefill_time).as_secs_f64(),
-            prefill_tok_s: rate(new, prefill_time),
-            decode_tok_s: rate(decoded, decode_time),
-            stop,
-            context_used: self.tokens.len(),
-            context_capacity: self.cache.capacity,
-        };
-        Ok((out, stats))
+        // Tokens decoded through the model: every generated token but the last.
+        let decoded = self.out.len().saturating_sub(1);
+        GenerationStats {
+            prompt_tokens: self.prompt_len,
+            reused_tokens: self.reused,
+            generated_tokens: self.out.len(),
+            prefill_s: self.prefill_time.as_secs_f64(),
+            decode_s: self.decode_time.as_secs_f64(),
+            ttft_s: self.ttft.unwrap_or(self.prefill_time).as_secs_f64(),
+            prefill_tok_s: rate(self.prefilled, self.prefill_time),
+            decode_tok_s: rate(decoded, self.decode_time),
+            stop: self.stop.unwrap_or(StopReason::Running),
+            context_used: self.session.tokens.len(),
+            context_capacity: self.session.cache.capacity,
+        }
     }
 }
