@@ -36,6 +36,10 @@ pub struct Args {
     /// Split the output into shards of at most N GB (rough f32 size, spec §10).
     #[arg(long)]
     pub shard_max_gb: Option<f64>,
+    /// Round Gemma's √hidden embedding scale to bf16, as transformers does when it runs
+    /// the model in bf16 (default: the exact f32 value of transformers in f32 and llama.cpp).
+    #[arg(long)]
+    pub embed_scale_bf16: bool,
     /// One JSON document on stdout (no progress bar).
     #[arg(long)]
     pub json: bool,
@@ -89,6 +93,7 @@ pub fn run(args: &Args) -> CmdResult {
         }
         opts.shard_max_bytes = Some((gb * 1e9) as u64);
     }
+    opts.embed_scale_bf16 = args.embed_scale_bf16;
     opts.source_label = Some(args.model.display().to_string());
     refuse_overwriting_input(&[&args.model], &args.output)?;
 

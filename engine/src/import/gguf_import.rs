@@ -196,8 +196,11 @@ pub fn arch_from_metadata(g: &Gguf) -> Result<Arch> {
     arch.layer_types = Some(layer_types);
     if gemma {
         arch.extra.insert("hidden_act".into(), json!("gelu_tanh"));
-        arch.extra
-            .insert("embed_multiplier".into(), json!((hidden as f64).sqrt()));
+        // The f32 √hidden llama.cpp scales by; `convert` writes the same value.
+        arch.extra.insert(
+            "embed_multiplier".into(),
+            json!(super::hf::embed_scale(hidden)),
+        );
         arch.extra
             .insert("query_pre_attn_scalar".into(), json!(head_dim as f64));
         if let Some(w) = g.get_u64(&key("attention.sliding_window")) {
@@ -1207,6 +1210,30 @@ mod tests {
         let a = gemma(Some(20_000.0));
         assert_eq!(a.rope_theta, Some(1_000_000.0));
         assert_eq!(a.extra["rope_local_base_freq"].as_f64(), Some(20_000.0));
+    }
+
+    /// Gemma's embedding scale: import-gguf and convert write the same value, the f32 √hidden
+    /// llama.cpp scales by, also where bf16 cannot hold it (√96).
+    #[test]
+    fn gemma3_embed_scale_agrees_with_convert() {
+        let hidden = 96u32;
+        let mut b = Builder::default();
+        b.s("general.architecture", "gemma3")
+            .u32("gemma3.embedding_length", hidden)
+            .u32("gemma3.block_count", 1)
+            .u32("gemma3.attention.head_count", 2)
+            .u32("gemma3.attention.key_length", 16);
+        b.tensor("token_embd.weight", &[hidden as u64, 8], 1);
+        let g = Gguf::parse(&b.build()).unwrap();
+        let from_gguf = arch_from_metadata(&g).unwrap();
+        let cfg = json!({
+            "model_type": "gemma3_text", "hidden_size": hidden, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "head_dim": 16, "vocab_size": 8
+        });
+        let from_hf = super::super::hf::build_arch(&cfg, &["model.embed_tokens.weight"]).unwrap();
+        let exact = (hidden as f32).sqrt() as f64;
+        assert_eq!(from_gguf.extra["embed_multiplier"].as_f64(), Some(exact));
+        assert_eq!(from_hf.extra["embed_multiplier"].as_f64(), Some(exact));
     }
 
     /// Damaged metadata (single-byte flips in the key/values and tensor infos) makes the

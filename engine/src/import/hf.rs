@@ -781,6 +781,11 @@ fn rope_local_base(cfg: &Value, model_type: &str) -> Option<f64> {
         .or(model_type.starts_with("gemma3").then_some(10_000.0))
 }
 
+/// Gemma's embedding scale √hidden, exactly as f32 arithmetic has it.
+pub fn embed_scale(hidden: u64) -> f64 {
+    (hidden as f32).sqrt() as f64
+}
+
 fn layer_type_name(hf: &str) -> Option<&'static str> {
     Some(match hf {
         "full_attention" => "FullAttention",
@@ -918,9 +923,10 @@ pub fn build_arch(cfg: &Value, tensor_names: &[&str]) -> Result<Arch> {
         x.insert("hidden_act".into(), json!(act));
     }
     if is_gemma(&model_type) {
-        // Gemma scales the embedding by √hidden, in the embedding's dtype (bf16 in HF).
-        let m = half::bf16::from_f32((hidden as f32).sqrt()).to_f32();
-        x.insert("embed_multiplier".into(), json!(m as f64));
+        // Gemma scales the embedding by √hidden: the f32 value, as transformers in f32 and
+        // llama.cpp compute it (and as import-gguf writes it); bf16 rounding is an option
+        // of `convert` ([`ConvertOptions::embed_scale_bf16`]).
+        x.insert("embed_multiplier".into(), json!(embed_scale(hidden)));
         if let Some(q) = get_f64(cfg, "query_pre_attn_scalar") {
             x.insert("query_pre_attn_scalar".into(), json!(q));
         }
@@ -1127,6 +1133,10 @@ pub struct ConvertOptions {
     pub shard_max_bytes: Option<u64>,
     /// Free-form text recorded as `provenance.source_model` (default: the directory).
     pub source_label: Option<String>,
+    /// Round Gemma's √hidden embedding scale to bf16, as transformers does when it runs
+    /// the model in bf16 (`--embed-scale-bf16`). Off: the exact f32 value, which
+    /// transformers in f32 and llama.cpp use.
+    pub embed_scale_bf16: bool,
 }
 
 impl ConvertOptions {
@@ -1137,6 +1147,7 @@ impl ConvertOptions {
             fallback: None,
             shard_max_bytes: None,
             source_label: None,
+            embed_scale_bf16: false,
         }
     }
 }
@@ -1268,7 +1279,13 @@ pub fn plan(ck: &Checkpoint, opts: &ConvertOptions) -> Result<ConvertPlan> {
     }
     let root_config = read_json(&ck.dir.join("config.json"))?;
     let names: Vec<&str> = ck.tensors.iter().map(|t| t.name.as_str()).collect();
-    let arch = build_arch(&ck.config, &names)?;
+    let mut arch = build_arch(&ck.config, &names)?;
+    if opts.embed_scale_bf16 {
+        if let Some(m) = arch.extra.get_mut("embed_multiplier") {
+            let exact = m.as_f64().unwrap_or_default() as f32;
+            *m = json!(half::bf16::from_f32(exact).to_f32() as f64);
+        }
+    }
     let mut order: Vec<usize> = (0..ck.tensors.len()).collect();
     order.sort_by_cached_key(|&i| order_key(&ck.tensors[i].name));
     let mut tensors = Vec::with_capacity(order.len());
@@ -1299,6 +1316,9 @@ pub fn plan(ck: &Checkpoint, opts: &ConvertOptions) -> Result<ConvertPlan> {
     }
     if let Some(s) = opts.shard_max_bytes {
         options.insert("shard_max_bytes".into(), json!(s));
+    }
+    if opts.embed_scale_bf16 {
+        options.insert("embed_scale_bf16".into(), json!(true));
     }
     if matches!(opts.quant, DType::Vbit | DType::VbitRo)
         && tensors.iter().any(|t| expert_family(&t.name).is_some())

@@ -737,6 +737,112 @@ fn gemma3_local_rope_base_in_every_config_style() {
     }
 }
 
+/// The gemma3 fixture rebuilt with hidden size `hidden` (random weights, the fixture's
+/// tokenizer), as an f32 checkpoint in `dir`; the embedding's values are returned.
+fn gemma3_with_hidden(dir: &Path, hidden: u64) -> Vec<f32> {
+    let src = shared("hf/gemma3");
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    ] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let mut cfg: Value =
+        serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
+    cfg["hidden_size"] = hidden.into();
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let mut rng = crate::synth::Rng::new(96);
+    let mut embed = Vec::new();
+    let mut out = Vec::new();
+    for (name, (shape, _)) in source_tensors(&src) {
+        // The hidden axis: the input of every projection but o_proj / down_proj, whose
+        // output it is, and the length of every norm but the per-head q/k norms.
+        let shape = match shape.as_slice() {
+            [_] if name.contains("_norm.") => shape.clone(),
+            [_] => vec![hidden],
+            [rows, _] if !name.contains("o_proj") && !name.contains("down_proj") => {
+                vec![*rows, hidden]
+            }
+            [_, cols] => vec![hidden, *cols],
+            _ => unreachable!("{name}"),
+        };
+        let n: u64 = shape.iter().product();
+        let vals: Vec<f32> = (0..n).map(|_| 0.5 * rng.normal()).collect();
+        if name == "model.embed_tokens.weight" {
+            embed = vals.clone();
+        }
+        let bytes = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        out.push((name, shape, bytes));
+    }
+    write_safetensors(
+        &dir.join("model.safetensors"),
+        safetensors::Dtype::F32,
+        &out,
+    );
+    embed
+}
+
+/// Gemma's √hidden embedding scale is the exact f32 root (transformers in f32,
+/// llama.cpp), for a hidden size whose root bf16 cannot hold (√96 = 9.79795… vs bf16
+/// 9.8125); the engine scales by exactly that; bf16 rounding only when asked for.
+#[test]
+fn gemma_embedding_scale_is_the_exact_f32_root() {
+    let hidden = 96u64;
+    let exact = (hidden as f32).sqrt();
+    let rounded = half::bf16::from_f32(exact).to_f32();
+    assert_ne!(exact, rounded, "the test needs a root bf16 cannot hold");
+    let tmp = tempfile::tempdir().unwrap();
+    let embed = gemma3_with_hidden(tmp.path(), hidden);
+    let out = tmp.path().join("g.cmf");
+    hf::convert(
+        tmp.path(),
+        &out,
+        &ConvertOptions::new(DType::F32),
+        &mut |_| {},
+    )
+    .unwrap();
+    let file = assert_verifies(&out);
+    let arch = file.header.arch.as_ref().unwrap();
+    let m = arch.extra["embed_multiplier"].as_f64().unwrap();
+    assert_eq!(
+        m, exact as f64,
+        "embed_multiplier {m}, f32 √{hidden} = {exact}"
+    );
+    assert_eq!(m, hf::embed_scale(hidden));
+
+    // The engine's embedding output: the stored row times exactly that scale.
+    let model =
+        crate::model::Model::load(std::sync::Arc::new(CmfModel::open(&out).unwrap())).unwrap();
+    assert_eq!(model.config.embed_multiplier, Some(exact));
+    let (mut cache, mut ws) = (model.new_cache(8), model.new_workspace(1));
+    let mut states = Vec::new();
+    let id = 7usize;
+    model
+        .forward(
+            &[id as u32],
+            &mut cache,
+            &mut ws,
+            crate::model::Logits::Last,
+            Some(&mut states),
+        )
+        .unwrap();
+    let h = hidden as usize;
+    for (i, (got, e)) in states[..h].iter().zip(&embed[id * h..]).enumerate() {
+        assert_eq!(got.to_bits(), (e * exact).to_bits(), "embedding [{i}]");
+    }
+
+    // The bf16-rounded scale is an explicit option, recorded in provenance.
+    let mut opts = ConvertOptions::new(DType::F32);
+    opts.embed_scale_bf16 = true;
+    let out = tmp.path().join("g-bf16.cmf");
+    hf::convert(tmp.path(), &out, &opts, &mut |_| {}).unwrap();
+    let file = CmfFile::open(&out).unwrap();
+    let h = serde_json::to_value(&file.header).unwrap();
+    assert_eq!(h["arch"]["embed_multiplier"].as_f64(), Some(rounded as f64));
+    assert_eq!(h["provenance"]["options"]["embed_scale_bf16"], true);
+}
+
 /// Tensor `name` of `file` (which must have `shape`) decoded, and its per-element bound.
 fn decoded(file: &CmfFile, name: &str, shape: &[u64]) -> (Vec<f32>, Vec<f32>) {
     let (e, bytes) = file
