@@ -1,4 +1,5 @@
 pub mod chat;
+pub mod exec;
 pub mod format;
 pub mod import;
 pub mod model;

@@ -57,7 +57,7 @@ fn decode_allocations(stem: &str, precision: Precision) -> usize {
         vocab,
     );
     let prompt: Vec<u32> = (1..20).collect();
-    cortiq_engine::runtime::threads::pool().install(|| {
+    cortiq_engine::exec::pool().install(|| {
         session.prefill(&prompt).unwrap();
         let mut context = prompt.clone();
         context.reserve(64);
@@ -84,7 +84,7 @@ fn decode_allocations(stem: &str, precision: Precision) -> usize {
 fn decoding_allocates_nothing_per_token() {
     // More workers than cores: which worker decodes which row block then varies from
     // token to token, so a buffer sized only on the warm-up tokens' workers shows up.
-    cortiq_engine::runtime::threads::set_threads(8).unwrap();
+    cortiq_engine::exec::set_threads(8).unwrap();
     for (stem, p) in [
         ("qwen3-q8", Precision::Exact),
         ("qwen3-q8", Precision::Fast),

@@ -79,7 +79,7 @@ pub fn run(a: &Args) -> CmdResult {
 
     let (mut prefill, mut decode, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
     // Measured as `run` runs: the whole loop inside the engine's pool.
-    cortiq_engine::runtime::threads::pool().install(|| -> Result<(), CliError> {
+    cortiq_engine::exec::pool().install(|| -> Result<(), CliError> {
         for _ in 0..a.repeat {
             session.reset();
             let t0 = Instant::now();
@@ -97,7 +97,7 @@ pub fn run(a: &Args) -> CmdResult {
         }
         Ok(())
     })?;
-    let threads = cortiq_engine::runtime::threads::threads();
+    let threads = cortiq_engine::exec::threads();
     let dtypes = {
         let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
         for (_, e) in model.file.tensors() {

@@ -102,7 +102,7 @@ pub fn init_threads(threads: Option<usize>) -> Result<(), CliError> {
         let _ = rayon::ThreadPoolBuilder::new()
             .num_threads(n)
             .build_global();
-        cortiq_engine::runtime::threads::set_threads(n).map_err(CliError::usage)?;
+        cortiq_engine::exec::set_threads(n).map_err(CliError::usage)?;
     }
     Ok(())
 }

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use super::linear::Linear;
 use super::norm::RmsNorm;
 use super::rope::Rope;
-use crate::runtime::kv_cache::LayerKv;
+use crate::model::kv_cache::LayerKv;
 
 #[derive(Clone, Debug)]
 pub struct AttentionConfig {
@@ -70,7 +70,7 @@ thread_local! {
 /// Sizes every engine thread's score buffer for `positions`, so that decoding up to
 /// that context never grows it (no allocation per token).
 pub fn reserve_scores(positions: usize) {
-    crate::runtime::threads::pool().broadcast(|_| {
+    crate::exec::pool().broadcast(|_| {
         SCORES.with(|cell| {
             let mut s = cell.borrow_mut();
             if s.len() < positions {

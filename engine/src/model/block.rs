@@ -6,7 +6,7 @@
 use super::attention::{Attention, AttentionScratch};
 use super::mlp::{Mlp, MlpScratch};
 use super::norm::RmsNorm;
-use crate::runtime::kv_cache::LayerKv;
+use crate::model::kv_cache::LayerKv;
 
 #[derive(Clone, Debug)]
 pub struct DecoderLayer {

@@ -8,6 +8,7 @@
 pub mod attention;
 pub mod block;
 pub mod config;
+pub mod kv_cache;
 pub mod linear;
 pub mod mlp;
 pub mod norm;
@@ -23,8 +24,8 @@ use self::mlp::{Mlp, MlpScratch};
 use self::norm::RmsNorm;
 use self::rope::Rope;
 use crate::format::shards::CmfModel;
+use crate::model::kv_cache::KvCache;
 pub use crate::quant::matrix::Precision;
-use crate::runtime::kv_cache::KvCache;
 
 /// Why a file cannot be run, or a forward refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -331,8 +332,7 @@ impl Model {
         logits: Logits,
         hidden: Option<&mut Vec<f32>>,
     ) -> Result<(), ModelError> {
-        crate::runtime::threads::pool()
-            .install(|| self.forward_in_pool(tokens, cache, ws, logits, hidden))
+        crate::exec::pool().install(|| self.forward_in_pool(tokens, cache, ws, logits, hidden))
     }
 
     fn forward_in_pool(

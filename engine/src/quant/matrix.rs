@@ -247,7 +247,7 @@ thread_local! {
 /// runs which row block is up to rayon, so warming up on a few tokens does not reach
 /// every thread; reserving on all of them keeps decoding free of allocations.
 pub fn reserve_thread_buffers(max_cols: usize, max_tokens: usize) {
-    crate::runtime::threads::pool().broadcast(|_| {
+    crate::exec::pool().broadcast(|_| {
         SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
             let n = BLOCK_ROWS * max_cols;

@@ -1,9 +1,7 @@
-//! Running a model: the KV cache, sessions (prefill, decode, events, cancellation) and
-//! sampling, and measures over logits.
+//! Running a model: loading it verified, the KV cache, sessions (prefill, decode, events,
+//! cancellation) and sampling, and measures over logits. The thread pool is `crate::exec`.
 
-pub mod kv_cache;
 pub mod load;
 pub mod metrics;
 pub mod sampler;
 pub mod session;
-pub mod threads;

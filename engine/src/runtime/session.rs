@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::kv_cache::KvCache;
 use super::sampler::{Sampler, SamplingParams};
+use crate::model::kv_cache::KvCache;
 use crate::model::{Logits, Model, ModelError, Workspace};
 
 /// Tokens per prefill forward: large enough for the matrix products to reuse each weight
@@ -213,7 +213,7 @@ impl Session {
         cancel: Option<&AtomicBool>,
         on_event: &mut (dyn FnMut(&Event) + Send),
     ) -> Result<(Vec<u32>, GenerationStats), ModelError> {
-        crate::runtime::threads::pool().install(|| {
+        crate::exec::pool().install(|| {
             let mut g = self.start(prompt, params)?;
             loop {
                 if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
@@ -361,7 +361,7 @@ pub struct Generation<'s> {
 impl Generation<'_> {
     /// Advances by one prefill chunk or one token. Runs inside the engine's pool.
     pub fn next(&mut self) -> Result<Step, GenerationError> {
-        crate::runtime::threads::pool().install(|| self.advance())
+        crate::exec::pool().install(|| self.advance())
     }
 
     fn advance(&mut self) -> Result<Step, GenerationError> {
