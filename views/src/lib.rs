@@ -7,7 +7,9 @@ pub mod theme;
 pub mod util;
 
 pub use theme::Theme;
+pub mod chat;
 pub mod integrity;
+pub mod markdown;
 pub mod masks;
 pub mod overview;
 pub mod skills;
