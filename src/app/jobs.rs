@@ -31,6 +31,8 @@ pub enum JobReport {
         total: u64,
     },
     VerifyDone(Arc<VerifyReport>),
+    /// The chat worker's reports.
+    Chat(super::chat_worker::ChatReport),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

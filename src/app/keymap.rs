@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
+use super::chat::ChatCmd;
 use super::Action;
 
 /// Every bindable command: config name, action, help text, help section.
@@ -19,6 +20,7 @@ const COMMANDS: &[(&str, &str, &str)] = &[
     ("tab_3", "Masks", "Global"),
     ("tab_4", "Skills", "Global"),
     ("tab_5", "Integrity", "Global"),
+    ("tab_6", "Chat", "Global"),
     ("open", "open another file (picker)", "Global"),
     ("up", "move up", "Move"),
     ("down", "move down", "Move"),
@@ -38,6 +40,50 @@ const COMMANDS: &[(&str, &str, &str)] = &[
     ("template", "show the chat template", "Views"),
     ("verify", "run verify", "Views"),
     ("cancel", "cancel running work", "Views"),
+    ("chat_send", "send the message (in the input)", "Chat"),
+    ("chat_newline", "new line in the input", "Chat"),
+    ("chat_focus", "type in the input (Esc leaves it)", "Chat"),
+    ("chat_stop", "stop the answer (Esc too)", "Chat"),
+    ("chat_regenerate", "regenerate the last answer", "Chat"),
+    (
+        "chat_edit",
+        "edit the last question (Enter resends it)",
+        "Chat",
+    ),
+    ("chat_clear", "clear the conversation (new session)", "Chat"),
+    ("chat_sampling", "sampling panel", "Chat"),
+    (
+        "chat_settings",
+        "system prompt and template variables",
+        "Chat",
+    ),
+    (
+        "chat_prompt",
+        "prompt inspector: the rendered prompt's tokens",
+        "Chat",
+    ),
+    (
+        "chat_tokens",
+        "token inspector: probabilities of the reply",
+        "Chat",
+    ),
+    ("chat_copy", "copy the last reply (OSC 52)", "Chat"),
+    (
+        "chat_copy_code",
+        "copy the next code block of the last reply",
+        "Chat",
+    ),
+    ("chat_thinking", "fold or unfold thinking blocks", "Chat"),
+    (
+        "chat_save",
+        "save the session to JSON (/save FILE, /load FILE too)",
+        "Chat",
+    ),
+    (
+        "chat_override",
+        "chat with a file whose hash chain fails",
+        "Chat",
+    ),
 ];
 
 fn action_of(name: &str) -> Option<Action> {
@@ -51,6 +97,7 @@ fn action_of(name: &str) -> Option<Action> {
         "tab_3" => Action::GoTab(2),
         "tab_4" => Action::GoTab(3),
         "tab_5" => Action::GoTab(4),
+        "tab_6" => Action::GoTab(5),
         "open" => Action::OpenPicker,
         "up" => Action::Up,
         "down" => Action::Down,
@@ -70,6 +117,22 @@ fn action_of(name: &str) -> Option<Action> {
         "template" => Action::Template,
         "verify" => Action::Verify,
         "cancel" => Action::Cancel,
+        "chat_send" => Action::Chat(ChatCmd::Send),
+        "chat_newline" => Action::Chat(ChatCmd::Newline),
+        "chat_focus" => Action::Chat(ChatCmd::Focus),
+        "chat_stop" => Action::Chat(ChatCmd::Stop),
+        "chat_regenerate" => Action::Chat(ChatCmd::Regenerate),
+        "chat_edit" => Action::Chat(ChatCmd::EditLast),
+        "chat_clear" => Action::Chat(ChatCmd::Clear),
+        "chat_sampling" => Action::Chat(ChatCmd::Sampling),
+        "chat_settings" => Action::Chat(ChatCmd::Settings),
+        "chat_prompt" => Action::Chat(ChatCmd::PromptInspector),
+        "chat_tokens" => Action::Chat(ChatCmd::TokenInspector),
+        "chat_copy" => Action::Chat(ChatCmd::CopyReply),
+        "chat_copy_code" => Action::Chat(ChatCmd::CopyCode),
+        "chat_thinking" => Action::Chat(ChatCmd::Thinking),
+        "chat_save" => Action::Chat(ChatCmd::Save),
+        "chat_override" => Action::Chat(ChatCmd::Override),
         _ => return None,
     })
 }
@@ -91,6 +154,9 @@ impl Key {
                 rest = r;
             } else if let Some(r) = rest.strip_prefix("Alt-") {
                 mods |= KeyModifiers::ALT;
+                rest = r;
+            } else if let Some(r) = rest.strip_prefix("Shift-") {
+                mods |= KeyModifiers::SHIFT;
                 rest = r;
             } else {
                 break;
@@ -184,6 +250,22 @@ impl Keymap {
     /// The action bound to a key event, if any.
     pub fn action_for(&self, ev: &KeyEvent) -> Option<Action> {
         for (name, _, _) in COMMANDS {
+            if let Some(keys) = self.bindings.get(name) {
+                if keys.iter().any(|(_, k)| k.matches(ev)) {
+                    return action_of(name);
+                }
+            }
+        }
+        None
+    }
+
+    /// The chat command bound to a key event (the chat view asks first, so that its
+    /// Ctrl/Alt/F keys work while the input has focus).
+    pub fn chat_action_for(&self, ev: &KeyEvent) -> Option<Action> {
+        for (name, _, section) in COMMANDS {
+            if *section != "Chat" {
+                continue;
+            }
             if let Some(keys) = self.bindings.get(name) {
                 if keys.iter().any(|(_, k)| k.matches(ev)) {
                     return action_of(name);

@@ -4,6 +4,10 @@
 //! threads (`jobs`) and reports back as Actions over a channel, so nothing blocks the UI.
 //! `src/app` never does arithmetic on weights: workers call the engine for that.
 
+pub mod chat;
+#[cfg(test)]
+mod chat_tests;
+pub mod chat_worker;
 pub mod config;
 pub mod integrity;
 pub mod jobs;
@@ -39,15 +43,17 @@ pub enum Tab {
     Masks,
     Skills,
     Integrity,
+    Chat,
 }
 
 impl Tab {
-    pub const ALL: [Tab; 5] = [
+    pub const ALL: [Tab; 6] = [
         Tab::Overview,
         Tab::Tensors,
         Tab::Masks,
         Tab::Skills,
         Tab::Integrity,
+        Tab::Chat,
     ];
     pub fn title(self) -> &'static str {
         match self {
@@ -56,6 +62,7 @@ impl Tab {
             Tab::Masks => "Masks",
             Tab::Skills => "Skills",
             Tab::Integrity => "Integrity",
+            Tab::Chat => "Chat",
         }
     }
     fn index(self) -> usize {
@@ -107,6 +114,10 @@ pub enum Action {
     Click(u16, u16),
     ScrollUp,
     ScrollDown,
+    /// A bracketed paste.
+    Paste(String),
+    /// A command of the chat view.
+    Chat(chat::ChatCmd),
     Resize(u16, u16),
     /// A worker's report.
     Job(JobReport),
@@ -133,6 +144,22 @@ pub struct ModelScreen {
     pub masks: masks::MasksState,
     pub skills: skills::SkillsState,
     pub integrity: integrity::IntegrityState,
+    /// Started on the first visit of the Chat tab (or at once when the workbench opens
+    /// on it): loading a model costs nothing until someone wants to chat.
+    pub chat: Option<chat::ChatState>,
+}
+
+/// How the workbench starts on a file.
+#[derive(Clone, Debug, Default)]
+pub struct StartOptions {
+    pub tab: Option<Tab>,
+    /// Shown in the chat input while it is empty.
+    pub suggested_prompt: Option<String>,
+    /// A saved session to continue (and replay) in the chat.
+    pub session: Option<cortiq_engine::chat::conversation::SavedSession>,
+    pub precision: cortiq_engine::model::Precision,
+    /// Tests pause the chat worker's steps with it (see `chat_worker::Gate`).
+    pub chat_gate: Option<chat_worker::Gate>,
 }
 
 pub struct App {
@@ -146,6 +173,9 @@ pub struct App {
     pub body: Rect,
     /// One-line message for the status bar (errors of actions, hints).
     pub flash: Option<String>,
+    /// Where chat workers report (the loop's channel); `None` runs no engine.
+    pub chat_tx: Option<std::sync::mpsc::Sender<Action>>,
+    pub start: StartOptions,
 }
 
 /// What every view's `update` may use besides its own state.
@@ -171,7 +201,30 @@ impl App {
             jobs,
             body: Rect::new(0, 0, 80, 22),
             flash: None,
+            chat_tx: None,
+            start: StartOptions::default(),
         }
+    }
+
+    /// The chat view's state, started on first use.
+    fn ensure_chat(
+        m: &mut ModelScreen,
+        tx: &Option<std::sync::mpsc::Sender<Action>>,
+        start: &mut StartOptions,
+    ) {
+        if m.chat.is_some() {
+            return;
+        }
+        let path = m.file.path.clone().unwrap_or_default();
+        let mut c =
+            chat::ChatState::new(path, start.precision, tx.clone(), start.chat_gate.clone());
+        if let Some(p) = &start.suggested_prompt {
+            c.suggested = p.clone();
+        }
+        if let Some(s) = start.session.take() {
+            c.load_session(s, true);
+        }
+        m.chat = Some(c);
     }
 
     /// Opens `path`: the model, or the error view naming why it did not open.
@@ -200,15 +253,20 @@ impl App {
                     file.directory.len(),
                     ms(t)
                 );
-                Screen::Model(Box::new(ModelScreen {
-                    tab: Tab::Overview,
+                let mut screen = Box::new(ModelScreen {
+                    tab: self.start.tab.unwrap_or(Tab::Overview),
                     overview,
                     tensors: None,
                     masks,
                     skills,
                     integrity,
+                    chat: None,
                     file,
-                }))
+                });
+                if screen.tab == Tab::Chat {
+                    App::ensure_chat(&mut screen, &self.chat_tx, &mut self.start);
+                }
+                Screen::Model(screen)
             }
             Err(e) => {
                 log::warn!("{}: {e}", path.display());
@@ -226,6 +284,19 @@ impl App {
         if !matches!(action, Action::Job(_)) {
             self.flash = None;
         }
+        // Ctrl-C stops an answer being generated; it never quits then.
+        if let (Action::Quit | Action::Chat(chat::ChatCmd::Stop), Screen::Model(m)) =
+            (&action, &mut self.screen)
+        {
+            if let Some(c) = m.chat.as_mut().filter(|c| c.generating) {
+                self.flash = c.update(&Action::Chat(chat::ChatCmd::Stop), 1);
+                return;
+            }
+        }
+        let action = match action {
+            Action::Chat(chat::ChatCmd::Stop) => Action::Quit,
+            a => a,
+        };
         match &action {
             Action::Quit => {
                 self.quit = true;
@@ -293,6 +364,11 @@ impl App {
                                 t.on_job(report);
                             }
                             m.integrity.on_job(report);
+                            if let (JobReport::Chat(r), Some(c)) = (report, m.chat.as_mut()) {
+                                if let Some(msg) = c.on_report(r) {
+                                    *ctx.flash = Some(msg);
+                                }
+                            }
                             return;
                         }
                         match m.tab {
@@ -305,11 +381,21 @@ impl App {
                             Tab::Masks => m.masks.update(&action, &mut ctx),
                             Tab::Skills => m.skills.update(&action, &mut ctx),
                             Tab::Integrity => m.integrity.update(&action, &mut ctx),
+                            Tab::Chat => {
+                                if let Some(c) = m.chat.as_mut() {
+                                    if let Some(msg) = c.update(&action, page) {
+                                        *ctx.flash = Some(msg);
+                                    }
+                                }
+                            }
                         }
                     }
                 }
                 if m.tab == Tab::Tensors && m.tensors.is_none() {
                     m.tensors = Some(tensors::TensorsState::new(&m.file));
+                }
+                if m.tab == Tab::Chat {
+                    App::ensure_chat(m, &self.chat_tx, &mut self.start);
                 }
             }
         }
@@ -318,10 +404,28 @@ impl App {
     /// Whether a text field has focus (keys then type instead of commanding).
     pub fn typing(&self) -> bool {
         match &self.screen {
-            Screen::Model(m) => {
-                m.tab == Tab::Tensors && m.tensors.as_ref().is_some_and(|t| t.typing())
-            }
+            Screen::Model(m) => match m.tab {
+                Tab::Tensors => m.tensors.as_ref().is_some_and(|t| t.typing()),
+                Tab::Chat => m.chat.as_ref().is_some_and(|c| c.typing()),
+                _ => false,
+            },
             _ => false,
+        }
+    }
+
+    /// The chat view, when it is the one shown.
+    pub fn active_chat(&self) -> Option<&chat::ChatState> {
+        match &self.screen {
+            Screen::Model(m) if m.tab == Tab::Chat => m.chat.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Text the chat asked to copy, for the terminal (OSC 52).
+    pub fn take_clipboard(&mut self) -> Option<String> {
+        match &mut self.screen {
+            Screen::Model(m) => m.chat.as_mut().and_then(|c| c.clipboard.take()),
+            _ => None,
         }
     }
 }
@@ -409,6 +513,7 @@ pub fn view(app: &App, f: &mut Frame) {
                 Tab::Masks => m.masks.status(&m.file),
                 Tab::Skills => m.skills.status(&m.file),
                 Tab::Integrity => m.integrity.status(&m.file),
+                Tab::Chat => m.chat.as_ref().map(|c| c.status()).unwrap_or_default(),
             };
             let title = file_title(&m.file);
             let chrome = ChromeVm {
@@ -436,6 +541,10 @@ pub fn view(app: &App, f: &mut Frame) {
                 Tab::Masks => m.masks.render(f, body, &m.file, &app.theme),
                 Tab::Skills => m.skills.render(f, body, &m.file, &app.theme),
                 Tab::Integrity => m.integrity.render(f, body, &m.file, &app.theme),
+                Tab::Chat => match &m.chat {
+                    Some(c) => c.render(f, body, &app.theme),
+                    None => f.render_widget(ratatui::widgets::Paragraph::new(" starting…"), body),
+                },
             }
         }
     }

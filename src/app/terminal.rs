@@ -6,7 +6,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crossterm::event::{
-    self, DisableMouseCapture, EnableMouseCapture, Event, KeyCode, KeyEventKind, MouseEventKind,
+    self, DisableBracketedPaste, DisableMouseCapture, EnableBracketedPaste, EnableMouseCapture,
+    Event, KeyCode, KeyEventKind, MouseEventKind,
 };
 use crossterm::execute;
 
@@ -43,7 +44,11 @@ fn init_logging() {
 /// Translates a terminal event.
 pub fn action_of_event(app: &App, ev: &Event) -> Option<Action> {
     match ev {
+        Event::Paste(s) if app.typing() => Some(Action::Paste(s.clone())),
         Event::Key(k) if k.kind != KeyEventKind::Release => {
+            if let Some(c) = app.active_chat() {
+                return chat_key(app, c, k);
+            }
             if app.typing() {
                 return match k.code {
                     KeyCode::Char(c)
@@ -77,38 +82,109 @@ pub fn action_of_event(app: &App, ev: &Event) -> Option<Action> {
     }
 }
 
+/// Keys in the chat view: its own commands first (they use Ctrl, Alt and F keys, so they
+/// work while typing), then typing, then the global keys.
+fn chat_key(
+    app: &App,
+    c: &super::chat::ChatState,
+    k: &crossterm::event::KeyEvent,
+) -> Option<Action> {
+    use crossterm::event::KeyModifiers as M;
+    let plain_char =
+        matches!(k.code, KeyCode::Char(_)) && !k.modifiers.intersects(M::CONTROL | M::ALT);
+    if !(plain_char && c.typing()) {
+        if let Some(a) = app.keymap.chat_action_for(k) {
+            // Enter edits inside a popup field; the chat's own Enter only in the input.
+            if !(matches!(a, Action::Chat(super::chat::ChatCmd::Send)) && !c.focused) {
+                return Some(a);
+            }
+        }
+    }
+    if c.typing() {
+        return match k.code {
+            KeyCode::Char(ch) if !k.modifiers.contains(M::CONTROL) => Some(Action::Input(ch)),
+            KeyCode::Backspace => Some(Action::Erase),
+            KeyCode::Enter => Some(Action::Enter),
+            KeyCode::Esc => Some(Action::Back),
+            KeyCode::Left => Some(Action::Left),
+            KeyCode::Right => Some(Action::Right),
+            KeyCode::Up => Some(Action::Up),
+            KeyCode::Down => Some(Action::Down),
+            KeyCode::Home => Some(Action::Home),
+            KeyCode::End => Some(Action::End),
+            KeyCode::PageUp => Some(Action::PageUp),
+            KeyCode::PageDown => Some(Action::PageDown),
+            KeyCode::Tab if c.takes_tab() => Some(Action::NextTab),
+            _ => app.keymap.action_for(k),
+        };
+    }
+    if k.code == KeyCode::Backspace {
+        return Some(Action::Erase);
+    }
+    app.keymap.action_for(k)
+}
+
 /// Runs the workbench on `file` (or the picker). Returns when the user quits.
 pub fn run(file: Option<&Path>) -> Result<(), String> {
+    run_with(file, super::StartOptions::default())
+}
+
+/// Runs the workbench on `file`, starting as `start` says (a tab, a suggested prompt, a
+/// saved session).
+pub fn run_with(file: Option<&Path>, start_opts: super::StartOptions) -> Result<(), String> {
     let start = Instant::now();
     init_logging();
     let cfg = config::load()?;
     let theme = cfg.theme(config::no_color_env())?;
     let keymap = cfg.keymap()?;
     let (tx, rx) = mpsc::channel::<Action>();
-    let mut app = App::new(theme, keymap, Jobs::new(tx));
+    let mut app = App::new(theme, keymap, Jobs::new(tx.clone()));
+    app.chat_tx = Some(tx);
+    app.start = start_opts;
     if let Some(f) = file {
         app.open(f.to_path_buf());
     }
     // ratatui::init installs a panic hook that restores the terminal before the message.
     let mut terminal =
         ratatui::try_init().map_err(|e| format!("cannot start the terminal UI: {e}"))?;
-    let _ = execute!(std::io::stdout(), EnableMouseCapture);
+    let _ = execute!(std::io::stdout(), EnableMouseCapture, EnableBracketedPaste);
     // On a panic: log it, release the mouse, then ratatui's hook restores the terminal.
     let restore = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         log::error!("panic: {info}");
-        let _ = execute!(std::io::stdout(), DisableMouseCapture);
+        let _ = execute!(
+            std::io::stdout(),
+            DisableMouseCapture,
+            DisableBracketedPaste
+        );
         restore(info);
     }));
     let result = (|| -> Result<(), String> {
         let mut first = true;
+        // When the last key arrived that no frame has shown yet (for the frame-time log).
+        let mut key_at: Option<Instant> = None;
         loop {
+            let t_draw = Instant::now();
             terminal
                 .draw(|f| {
                     app.body = body_of(f.area());
                     view(&app, f);
                 })
                 .map_err(|e| e.to_string())?;
+            if let Some(t) = key_at.take() {
+                log::info!(
+                    "frame: key to frame {:.1} ms (draw {:.1} ms)",
+                    t.elapsed().as_secs_f64() * 1e3,
+                    t_draw.elapsed().as_secs_f64() * 1e3
+                );
+            }
+            if let Some(text) = app.take_clipboard() {
+                // OSC 52: the terminal (also over ssh, and tmux with set-clipboard) copies.
+                let _ = execute!(
+                    std::io::stdout(),
+                    crossterm::clipboard::CopyToClipboard::to_clipboard_from(text)
+                );
+            }
             if first {
                 log::info!(
                     "first frame after {:.1} ms",
@@ -128,6 +204,9 @@ pub fn run(file: Option<&Path>) -> Result<(), String> {
             while !acted {
                 if event::poll(Duration::from_millis(30)).map_err(|e| e.to_string())? {
                     let ev = event::read().map_err(|e| e.to_string())?;
+                    if matches!(ev, Event::Key(_)) {
+                        key_at.get_or_insert_with(Instant::now);
+                    }
                     if let Some(a) = action_of_event(&app, &ev) {
                         app.update(a);
                     }
@@ -141,7 +220,11 @@ pub fn run(file: Option<&Path>) -> Result<(), String> {
         }
     })();
     app.jobs.cancel_all();
-    let _ = execute!(std::io::stdout(), DisableMouseCapture);
+    let _ = execute!(
+        std::io::stdout(),
+        DisableMouseCapture,
+        DisableBracketedPaste
+    );
     ratatui::restore();
     result
 }

@@ -36,8 +36,15 @@ pub struct Harness {
 impl Harness {
     /// An app on `path` with the plain theme (snapshots carry no colours) at 120×36.
     pub fn open(path: &Path) -> Harness {
+        Harness::open_with(path, super::StartOptions::default())
+    }
+
+    /// [`Harness::open`] starting as `start` says; the chat runs the engine.
+    pub fn open_with(path: &Path, start: super::StartOptions) -> Harness {
         let (tx, rx) = mpsc::channel();
-        let mut app = App::new(Theme::plain(), Keymap::default_map(), Jobs::new(tx));
+        let mut app = App::new(Theme::plain(), Keymap::default_map(), Jobs::new(tx.clone()));
+        app.chat_tx = Some(tx);
+        app.start = start;
         app.open(path.to_path_buf());
         let mut h = Harness {
             app,
@@ -69,6 +76,22 @@ impl Harness {
     pub fn type_text(&mut self, s: &str) -> &mut Harness {
         for c in s.chars() {
             self.app.update(Action::Input(c));
+        }
+        self
+    }
+
+    /// Feeds worker reports until `done(app)` holds, like [`Harness::pump_until`], with a
+    /// longer limit for model loads on a busy machine.
+    pub fn pump_chat(&mut self, what: &str, done: impl Fn(&App) -> bool) -> &mut Harness {
+        let start = Instant::now();
+        while !done(&self.app) {
+            match self.rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(a) => self.app.update(a),
+                Err(_) => assert!(
+                    start.elapsed() < Duration::from_secs(120),
+                    "timed out waiting for {what}"
+                ),
+            }
         }
         self
     }

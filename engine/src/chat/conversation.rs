@@ -159,6 +159,12 @@ impl Conversation {
         &self.bundle
     }
 
+    /// The bundle as a shared handle (to decode while a [`Reply`] borrows the
+    /// conversation).
+    pub fn bundle_arc(&self) -> &Arc<ChatBundle> {
+        &self.bundle
+    }
+
     pub fn session(&self) -> &Session {
         &self.session
     }
