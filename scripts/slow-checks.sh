@@ -10,8 +10,8 @@ cd "$(dirname "$0")/.."
 # with them llama.cpp's vocabulary test set (real SentencePiece and BPE vocabularies).
 bash ../shared/models/fetch.sh
 bash scripts/fetch-vocabs.sh >/dev/null
-cargo test --release --features real-models --test real_models --test real_model_inference \
-  --test gguf_vocabularies
+cargo test --release --features real-models --test real_models --test real_model_inference --test tui_chat_real \
+  --test gguf_vocabularies --test cli_demo
 PEERS="${CMF_PEERS:-$HOME/.cache/cmf-peers}"
 if [ ! -x "$PEERS/bin/cortiq" ]; then
   echo "installing the reference CLI (cortiq-cli 0.8.54) into $PEERS ..." >&2

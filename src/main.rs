@@ -33,6 +33,9 @@ use cli::common::CmdResult;
 struct Cli {
     /// Model file to open in the workbench.
     file: Option<PathBuf>,
+    /// Open the Chat view with this saved session (its answers are replayed and compared).
+    #[arg(long, value_name = "S.json")]
+    session: Option<PathBuf>,
 
     #[command(subcommand)]
     command: Option<Command>,
@@ -84,6 +87,9 @@ enum Command {
 struct TuiArgs {
     /// Model file; without it, a picker over the `.cmf` files of the current directory.
     file: Option<PathBuf>,
+    /// Open the Chat view with this saved session (its answers are replayed and compared).
+    #[arg(long, value_name = "S.json")]
+    session: Option<PathBuf>,
 }
 
 impl Command {
@@ -113,7 +119,7 @@ impl Command {
 
     fn run(&self) -> CmdResult {
         match self {
-            Command::Tui(a) => tui(a.file.as_deref()),
+            Command::Tui(a) => tui(a.file.as_deref(), a.session.as_deref()),
             Command::Info(a) => cli::info::run(a),
             Command::Tensors(a) => cli::tensors::run(a),
             Command::Masks(a) => cli::masks::run(a),
@@ -137,8 +143,16 @@ impl Command {
 
 /// The workbench on a terminal; `info` (or usage help) when output goes to a pipe or file,
 /// so `cortiq FILE | less` and scripts still get something useful.
-fn tui(file: Option<&std::path::Path>) -> CmdResult {
+fn tui(file: Option<&std::path::Path>, session: Option<&std::path::Path>) -> CmdResult {
     use std::io::IsTerminal;
+    let mut start = app::StartOptions::default();
+    if let Some(s) = session {
+        if file.is_none() {
+            return Err(cli::common::CliError::usage("--session needs a model file"));
+        }
+        start.session = Some(cli::run::read_session(s).map_err(cli::common::CliError::usage)?);
+        start.tab = Some(app::Tab::Chat);
+    }
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
         return match file {
             Some(f) => cli::info::run(&cli::info::Args::text(f.to_path_buf())),
@@ -147,7 +161,7 @@ fn tui(file: Option<&std::path::Path>) -> CmdResult {
             )),
         };
     }
-    app::terminal::run(file)
+    app::terminal::run_with(file, start)
         .map(|()| cli::common::Status::Success)
         .map_err(cli::common::CliError::io)
 }
@@ -157,7 +171,10 @@ fn main() -> ExitCode {
     // `cortiq FILE` is the workbench's entry point; until it exists it shows `info`.
     let command = match (cli.command, cli.file) {
         (Some(c), _) => c,
-        (None, file) => Command::Tui(TuiArgs { file }),
+        (None, file) => Command::Tui(TuiArgs {
+            file,
+            session: cli.session,
+        }),
     };
     match command.run() {
         Ok(status) => status.into(),

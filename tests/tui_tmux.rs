@@ -3,9 +3,12 @@
 //! tensors are filtered, a histogram opened, verify run to green, a corrupted copy opened
 //! to its error view, and quitting leaves the terminal (the tmux pane) cleanly.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
+#[allow(dead_code)]
+mod common;
+use common::tmux::Session;
+
+use std::path::PathBuf;
+use std::time::Duration;
 
 fn fixture(name: &str) -> PathBuf {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -13,103 +16,6 @@ fn fixture(name: &str) -> PathBuf {
         .join(name);
     assert!(p.is_file(), "fixture missing: {}", p.display());
     p
-}
-
-fn tmux(args: &[&str]) -> std::process::Output {
-    Command::new("tmux")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("tmux is needed for the end-to-end terminal test (apt-get install -y tmux): {e}")
-        })
-}
-
-struct Session {
-    name: String,
-}
-
-impl Session {
-    fn start(name: &str, file: &Path, log: &Path) -> Session {
-        Session::start_with(name, file, log, "")
-    }
-
-    fn start_with(name: &str, file: &Path, log: &Path, env: &str) -> Session {
-        let _ = tmux(&["kill-session", "-t", name]);
-        let cmd = format!(
-            "env {env} CORTIQ_LOG={} CORTIQ_CONFIG=/nonexistent/cortiq.toml TERM=xterm-256color {} {}",
-            log.display(),
-            env!("CARGO_BIN_EXE_cortiq"),
-            file.display()
-        );
-        // The pane stays after the program exits, so what it left on the screen can be read.
-        let o = tmux(&[
-            "new-session",
-            "-d",
-            "-s",
-            name,
-            "-x",
-            "140",
-            "-y",
-            "40",
-            "sh",
-            "-c",
-            &format!("{cmd}; echo EXITED $?; sleep 30"),
-        ]);
-        assert!(
-            o.status.success(),
-            "tmux new-session: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        Session {
-            name: name.to_string(),
-        }
-    }
-
-    fn screen(&self) -> String {
-        String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", &self.name]).stdout)
-            .into_owned()
-    }
-
-    fn keys(&self, keys: &[&str]) {
-        for k in keys {
-            let o = tmux(&["send-keys", "-t", &self.name, k]);
-            assert!(o.status.success(), "send-keys {k}");
-            std::thread::sleep(Duration::from_millis(60));
-        }
-    }
-
-    fn literal(&self, text: &str) {
-        let o = tmux(&["send-keys", "-t", &self.name, "-l", text]);
-        assert!(o.status.success());
-        std::thread::sleep(Duration::from_millis(60));
-    }
-
-    /// Waits until the screen contains every needle; fails with the screen.
-    fn wait_for(&self, needles: &[&str]) -> String {
-        let start = Instant::now();
-        loop {
-            let s = self.screen();
-            if needles.iter().all(|n| s.contains(n)) {
-                return s;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(15),
-                "waited for {needles:?}; the screen is:\n{s}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Waits for cortiq to exit; returns its exit status line and the screen it left.
-    fn wait_exit(&self) -> String {
-        self.wait_for(&["EXITED"])
-    }
-}
-
-impl Drop for Session {
-    fn drop(&mut self) {
-        let _ = tmux(&["kill-session", "-t", &self.name]);
-    }
 }
 
 #[test]

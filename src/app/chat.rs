@@ -749,7 +749,7 @@ impl ChatState {
         match popup {
             Popup::Prompt { scroll, ids } => match a {
                 Action::Back | Action::Chat(ChatCmd::PromptInspector) => self.popup = None,
-                Action::Input('i') => *ids = !*ids,
+                Action::Input('i') | Action::Chat(ChatCmd::Focus) => *ids = !*ids,
                 a => {
                     if let Some(s) = super::scrolled(a, *scroll as u16, page as u16, u16::MAX) {
                         *scroll = s as usize;

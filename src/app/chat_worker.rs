@@ -161,6 +161,7 @@ pub type Gate = Arc<StepGate>;
 
 impl StepGate {
     /// Allows `n` more steps, then holds the worker (`None`: no limit).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn allow(&self, n: Option<usize>) {
         *self.permits.lock().unwrap_or_else(|e| e.into_inner()) = n;
         self.more.notify_all();

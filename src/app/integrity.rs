@@ -1282,6 +1282,10 @@ fn run_verify(
             verify(file, &opts, &|ev| {
                 // The receiver lives until this thread ends.
                 let _ = tx.send(ev);
+                // An answer streaming in the chat has the cores: hashing waits for it.
+                cortiq_engine::exec::yield_to_foreground(&|| {
+                    cancel.load(std::sync::atomic::Ordering::Relaxed)
+                });
             })
         });
         let mut throttle = ProgressThrottle {

@@ -935,6 +935,10 @@ impl TensorsState {
 fn stats_report(file: &CmfFile, e: &TensorEntry, cancel: &AtomicBool) -> JobReport {
     // A decoder bug must not leave the panel saying "computing" forever.
     let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        // An answer streaming in the chat has the cores: statistics wait for it.
+        cortiq_engine::exec::yield_to_foreground(&|| {
+            cancel.load(std::sync::atomic::Ordering::Relaxed)
+        });
         tensor_stats(e.dtype, &e.shape, file.tensor_bytes(e), cancel)
     }));
     let result = match outcome {

@@ -129,6 +129,19 @@ pub fn run(file: Option<&Path>) -> Result<(), String> {
     run_with(file, super::StartOptions::default())
 }
 
+/// The workbench on `path`, opened on the Chat view with `suggested_prompt` in the input
+/// (README's first command ends here).
+pub fn run_chat_demo(path: &Path, suggested_prompt: &str) -> Result<(), String> {
+    run_with(
+        Some(path),
+        super::StartOptions {
+            tab: Some(super::Tab::Chat),
+            suggested_prompt: Some(suggested_prompt.to_string()),
+            ..Default::default()
+        },
+    )
+}
+
 /// Runs the workbench on `file`, starting as `start` says (a tab, a suggested prompt, a
 /// saved session).
 pub fn run_with(file: Option<&Path>, start_opts: super::StartOptions) -> Result<(), String> {

@@ -2,6 +2,8 @@
 //! `cortiq` binary, and reading its exit code and JSON output.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod tmux;
+
 use std::path::PathBuf;
 use std::process::Output;
 

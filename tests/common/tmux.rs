@@ -1,0 +1,107 @@
+//! The workbench in a real terminal: tmux runs `cortiq`, send-keys types, capture-pane reads.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+pub fn tmux(args: &[&str]) -> std::process::Output {
+    Command::new("tmux")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("tmux is needed for the end-to-end terminal test (apt-get install -y tmux): {e}")
+        })
+}
+
+pub struct Session {
+    name: String,
+}
+
+impl Session {
+    pub fn start(name: &str, file: &Path, log: &Path) -> Session {
+        Session::start_with(name, file, log, "")
+    }
+
+    pub fn start_with(name: &str, file: &Path, log: &Path, env: &str) -> Session {
+        let _ = tmux(&["kill-session", "-t", name]);
+        let cmd = format!(
+            "env {env} CORTIQ_LOG={} CORTIQ_CONFIG=/nonexistent/cortiq.toml TERM=xterm-256color {} {}",
+            log.display(),
+            env!("CARGO_BIN_EXE_cortiq"),
+            file.display()
+        );
+        // The pane stays after the program exits, so what it left on the screen can be read.
+        let o = tmux(&[
+            "new-session",
+            "-d",
+            "-s",
+            name,
+            "-x",
+            "140",
+            "-y",
+            "40",
+            "sh",
+            "-c",
+            &format!("{cmd}; echo EXITED $?; sleep 30"),
+        ]);
+        assert!(
+            o.status.success(),
+            "tmux new-session: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        Session {
+            name: name.to_string(),
+        }
+    }
+
+    pub fn screen(&self) -> String {
+        String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", &self.name]).stdout)
+            .into_owned()
+    }
+
+    pub fn keys(&self, keys: &[&str]) {
+        for k in keys {
+            let o = tmux(&["send-keys", "-t", &self.name, k]);
+            assert!(o.status.success(), "send-keys {k}");
+            std::thread::sleep(Duration::from_millis(60));
+        }
+    }
+
+    pub fn literal(&self, text: &str) {
+        let o = tmux(&["send-keys", "-t", &self.name, "-l", text]);
+        assert!(o.status.success());
+        std::thread::sleep(Duration::from_millis(60));
+    }
+
+    /// Waits until the screen contains every needle; fails with the screen.
+    pub fn wait_for(&self, needles: &[&str]) -> String {
+        self.wait_for_within(needles, Duration::from_secs(15))
+    }
+
+    /// [`Session::wait_for`] with its own time limit.
+    pub fn wait_for_within(&self, needles: &[&str], limit: Duration) -> String {
+        let start = Instant::now();
+        loop {
+            let s = self.screen();
+            if needles.iter().all(|n| s.contains(n)) {
+                return s;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "waited for {needles:?}; the screen is:\n{s}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits for cortiq to exit; returns its exit status line and the screen it left.
+    pub fn wait_exit(&self) -> String {
+        self.wait_for(&["EXITED"])
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = tmux(&["kill-session", "-t", &self.name]);
+    }
+}
