@@ -347,3 +347,30 @@ fn snapshot_of_a_chat_with_the_sampling_panel() {
     assert_eq!(chat(&h.app).settings.sampling.top_k, 45);
     insta::assert_snapshot!("chat_sampling_over_transcript", h.render());
 }
+
+#[test]
+fn copy_takes_the_reply_or_one_code_block_and_entering_focuses_the_input() {
+    let mut h = ready("qwen3-q8.cmf", None);
+    // A reply with two code blocks, as the worker would have streamed it.
+    let text = "Two ways:\n\n```rust\nfn a() {}\n```\n\nand\n\n```sh\necho b\n```\n";
+    {
+        let c = chat_mut(&mut h.app);
+        c.messages.push(super::chat::ChatMsg {
+            role: Some(cortiq_engine::chat::conversation::Role::Assistant),
+            text: text.into(),
+            ..Default::default()
+        });
+    }
+    h.act(Action::Chat(ChatCmd::CopyReply));
+    assert_eq!(h.app.take_clipboard().as_deref(), Some(text));
+    h.act(Action::Chat(ChatCmd::CopyCode));
+    assert_eq!(h.app.take_clipboard().as_deref(), Some("fn a() {}\n"));
+    h.act(Action::Chat(ChatCmd::CopyCode));
+    assert_eq!(h.app.take_clipboard().as_deref(), Some("echo b\n"));
+    assert!(h.render().contains("rust"));
+    // Esc leaves the input; visiting another view and coming back puts the cursor there.
+    h.act(Action::Back);
+    assert!(!chat(&h.app).focused);
+    h.act(Action::GoTab(0)).act(Action::GoTab(5));
+    assert!(chat(&h.app).focused);
+}

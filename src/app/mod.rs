@@ -22,6 +22,7 @@ pub mod terminal;
 pub mod testing;
 #[cfg(test)]
 mod tests;
+pub mod view;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -147,6 +148,31 @@ pub struct ModelScreen {
     /// Started on the first visit of the Chat tab (or at once when the workbench opens
     /// on it): loading a model costs nothing until someone wants to chat.
     pub chat: Option<chat::ChatState>,
+}
+
+impl ModelScreen {
+    /// The state of `tab`; `None` while it has not been built (it is on first visit).
+    pub fn view(&self, tab: Tab) -> Option<&dyn view::View> {
+        Some(match tab {
+            Tab::Overview => &self.overview,
+            Tab::Tensors => self.tensors.as_ref()?,
+            Tab::Masks => &self.masks,
+            Tab::Skills => &self.skills,
+            Tab::Integrity => &self.integrity,
+            Tab::Chat => self.chat.as_ref()?,
+        })
+    }
+
+    pub fn view_mut(&mut self, tab: Tab) -> Option<&mut dyn view::View> {
+        Some(match tab {
+            Tab::Overview => &mut self.overview,
+            Tab::Tensors => self.tensors.as_mut()?,
+            Tab::Masks => &mut self.masks,
+            Tab::Skills => &mut self.skills,
+            Tab::Integrity => &mut self.integrity,
+            Tab::Chat => self.chat.as_mut()?,
+        })
+    }
 }
 
 /// How the workbench starts on a file.
@@ -339,6 +365,7 @@ impl App {
             }
             Screen::Error { .. } => {}
             Screen::Model(m) => {
+                let before = m.tab;
                 match action {
                     Action::NextTab => m.tab = Tab::ALL[(m.tab.index() + 1) % Tab::ALL.len()],
                     Action::PrevTab => {
@@ -351,43 +378,25 @@ impl App {
                         }
                     }
                     action => {
+                        let file = m.file.clone();
                         let mut ctx = Ctx {
-                            file: &m.file,
+                            file: &file,
                             jobs: &mut self.jobs,
                             page,
                             body: self.body,
                             flash: &mut self.flash,
                         };
-                        // Job reports go to whichever view owns them, whatever tab is shown.
+                        // Job reports go to every view, whatever tab is shown.
                         if let Action::Job(report) = &action {
-                            if let Some(t) = &mut m.tensors {
-                                t.on_job(report);
-                            }
-                            m.integrity.on_job(report);
-                            if let (JobReport::Chat(r), Some(c)) = (report, m.chat.as_mut()) {
-                                if let Some(msg) = c.on_report(r) {
-                                    *ctx.flash = Some(msg);
+                            for t in Tab::ALL {
+                                if let Some(v) = m.view_mut(t) {
+                                    v.on_job(report, &mut ctx);
                                 }
                             }
                             return;
                         }
-                        match m.tab {
-                            Tab::Overview => m.overview.update(&action, &mut ctx),
-                            Tab::Tensors => {
-                                if let Some(t) = &mut m.tensors {
-                                    t.update(&action, &mut ctx)
-                                }
-                            }
-                            Tab::Masks => m.masks.update(&action, &mut ctx),
-                            Tab::Skills => m.skills.update(&action, &mut ctx),
-                            Tab::Integrity => m.integrity.update(&action, &mut ctx),
-                            Tab::Chat => {
-                                if let Some(c) = m.chat.as_mut() {
-                                    if let Some(msg) = c.update(&action, page) {
-                                        *ctx.flash = Some(msg);
-                                    }
-                                }
-                            }
+                        if let Some(v) = m.view_mut(m.tab) {
+                            v.update(&action, &mut ctx);
                         }
                     }
                 }
@@ -396,6 +405,12 @@ impl App {
                 }
                 if m.tab == Tab::Chat {
                     App::ensure_chat(m, &self.chat_tx, &mut self.start);
+                    if before != Tab::Chat {
+                        // Entering the chat puts the cursor in the input.
+                        if let Some(c) = m.chat.as_mut() {
+                            c.focused = true;
+                        }
+                    }
                 }
             }
         }
@@ -404,11 +419,7 @@ impl App {
     /// Whether a text field has focus (keys then type instead of commanding).
     pub fn typing(&self) -> bool {
         match &self.screen {
-            Screen::Model(m) => match m.tab {
-                Tab::Tensors => m.tensors.as_ref().is_some_and(|t| t.typing()),
-                Tab::Chat => m.chat.as_ref().is_some_and(|c| c.typing()),
-                _ => false,
-            },
+            Screen::Model(m) => m.view(m.tab).is_some_and(|v| v.typing()),
             _ => false,
         }
     }
@@ -503,18 +514,7 @@ pub fn view(app: &App, f: &mut Frame) {
             );
         }
         Screen::Model(m) => {
-            let (status, hint) = match m.tab {
-                Tab::Overview => m.overview.status(&m.file),
-                Tab::Tensors => m
-                    .tensors
-                    .as_ref()
-                    .map(|t| t.status(&m.file))
-                    .unwrap_or_default(),
-                Tab::Masks => m.masks.status(&m.file),
-                Tab::Skills => m.skills.status(&m.file),
-                Tab::Integrity => m.integrity.status(&m.file),
-                Tab::Chat => m.chat.as_ref().map(|c| c.status()).unwrap_or_default(),
-            };
+            let (status, hint) = m.view(m.tab).map(|v| v.status(&m.file)).unwrap_or_default();
             let title = file_title(&m.file);
             let chrome = ChromeVm {
                 title: &title,
@@ -522,29 +522,15 @@ pub fn view(app: &App, f: &mut Frame) {
                 active: m.tab.index(),
                 status: app.flash.clone().unwrap_or(status),
                 hint: format!("{hint} · ? help · q quit"),
-                job: m
-                    .tensors
-                    .as_ref()
-                    .and_then(|t| t.job_progress())
-                    .or_else(|| m.integrity.job_progress()),
+                job: Tab::ALL
+                    .iter()
+                    .find_map(|&t| m.view(t).and_then(|v| v.job_progress())),
             };
             let body = chrome::render_chrome(f, area, &chrome, &app.theme);
-            match m.tab {
-                Tab::Overview => m.overview.render(f, body, &m.file, &app.theme),
-                Tab::Tensors => match &m.tensors {
-                    Some(t) => t.render(f, body, &m.file, &app.theme),
-                    None => f.render_widget(
-                        ratatui::widgets::Paragraph::new(" indexing tensors…"),
-                        body,
-                    ),
-                },
-                Tab::Masks => m.masks.render(f, body, &m.file, &app.theme),
-                Tab::Skills => m.skills.render(f, body, &m.file, &app.theme),
-                Tab::Integrity => m.integrity.render(f, body, &m.file, &app.theme),
-                Tab::Chat => match &m.chat {
-                    Some(c) => c.render(f, body, &app.theme),
-                    None => f.render_widget(ratatui::widgets::Paragraph::new(" starting…"), body),
-                },
+            match m.view(m.tab) {
+                Some(v) => v.render(f, body, &m.file, &app.theme),
+                // Built on the first visit, right after this frame.
+                None => f.render_widget(ratatui::widgets::Paragraph::new(" indexing…"), body),
             }
         }
     }
