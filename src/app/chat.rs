@@ -357,6 +357,16 @@ impl ChatState {
                         stop_word(stats.stop)
                     ));
                 }
+                log::info!(
+                    "answer: {} prompt tokens ({} reused) at {:.1} tok/s, {} generated at {:.1} tok/s, ttft {:.0} ms, stop {:?}",
+                    stats.prompt_tokens,
+                    stats.reused_tokens,
+                    stats.prefill_tok_s,
+                    stats.generated_tokens,
+                    stats.decode_tok_s,
+                    stats.ttft_s * 1e3,
+                    stats.stop
+                );
                 self.last_stats = Some(stats.clone());
             }
             ChatReport::Failed { message, .. } => {

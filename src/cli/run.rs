@@ -207,15 +207,7 @@ pub fn run(a: &Args) -> CmdResult {
         conv.push_user(p.as_str());
         let stream = !a.json;
         let (ids, text, stats) = answer(a, &mut conv, &interrupt, stream, false)?;
-        if a.json {
-            print_json(&json!({ "ids": ids, "text": text, "stats": stats }))?;
-        } else {
-            emit("\n")?;
-            if a.stats {
-                eprintln!("{}", stats_line(&stats));
-            }
-        }
-        return Ok(Status::Success);
+        return print_answer(a, &ids, &text, &stats);
     }
     if a.json {
         return Err(CliError::usage("--json needs --prompt or --ids"));
@@ -227,6 +219,19 @@ pub fn run(a: &Args) -> CmdResult {
         }
     }
     chat_loop(a, &mut conv, &interrupt)
+}
+
+/// The end of a one-shot answer: the JSON document, or a newline and the stats line.
+fn print_answer(a: &Args, ids: &[u32], text: &str, stats: &GenerationStats) -> CmdResult {
+    if a.json {
+        print_json(&json!({ "ids": ids, "text": text, "stats": stats }))?;
+    } else {
+        emit("\n")?;
+        if a.stats {
+            eprintln!("{}", stats_line(stats));
+        }
+    }
+    Ok(Status::Success)
 }
 
 /// `--ids`, or `--prompt --raw`: the tokens as they are, no template.
@@ -294,14 +299,7 @@ fn one_shot_raw(
         }
         text.push_str(&rest);
     }
-    if a.json {
-        print_json(&json!({ "ids": ids, "text": text, "stats": stats }))?;
-    } else {
-        emit("\n")?;
-        if a.stats {
-            eprintln!("{}", stats_line(&stats));
-        }
-    }
+    print_answer(a, &ids, &text, &stats)
     Ok(Status::Success)
 }
 
@@ -527,7 +525,7 @@ pub fn settings_line(s: &Settings) -> String {
 }
 
 /// `/set KEY VALUE`.
-fn set_setting(s: &mut Settings, arg: &str) -> Result<(), String> {
+pub fn set_setting(s: &mut Settings, arg: &str) -> Result<(), String> {
     let (key, value) = arg
         .split_once(char::is_whitespace)
         .map(|(k, v)| (k, v.trim()))

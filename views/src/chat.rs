@@ -14,16 +14,14 @@
 use ratatui::layout::Rect;
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{
-    Block, Clear, Padding, Paragraph, Scrollbar, ScrollbarOrientation, ScrollbarState,
-};
+use ratatui::widgets::{Block, Clear, Padding, Paragraph};
 use ratatui::Frame;
 use unicode_segmentation::UnicodeSegmentation;
 use unicode_width::UnicodeWidthStr;
 
 use crate::markdown::{self, clamp, clean, width_of, wrap, Piece};
 use crate::theme::Theme;
-use crate::util::centered;
+use crate::util::{centered, scrollbar};
 
 /// Columns left of message text: a selection bar and a space.
 pub const GUTTER: u16 = 2;
@@ -537,26 +535,6 @@ fn render_transcript(f: &mut Frame, r: Rect, vm: &ChatVm, theme: &Theme) {
             f.render_widget(Paragraph::new(Line::styled(tag, theme.key)), at);
         }
     }
-}
-
-fn scrollbar(f: &mut Frame, r: Rect, max: usize, top: usize, h: usize, theme: &Theme) {
-    if r.width == 0 || r.height == 0 {
-        return;
-    }
-    let mut state = ScrollbarState::new(max + 1)
-        .position(top)
-        .viewport_content_length(h);
-    let bar = Rect::new(r.right() - 1, r.y, 1, r.height);
-    f.render_stateful_widget(
-        Scrollbar::new(ScrollbarOrientation::VerticalRight)
-            .begin_symbol(None)
-            .end_symbol(None)
-            .track_symbol(Some("│"))
-            .thumb_symbol("█")
-            .thumb_style(theme.accent),
-        bar,
-        &mut state,
-    );
 }
 
 /// Probability bands: plain, warn, bad (without colours: as is, bold, bold underlined).

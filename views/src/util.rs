@@ -88,3 +88,33 @@ pub fn pad_left(s: &str, w: usize) -> String {
 pub fn page_start(selected: usize, h: usize) -> usize {
     selected.checked_div(h).map_or(0, |page| page * h)
 }
+
+/// A vertical scrollbar in the right column of `r`: `max` is the greatest first row, `top`
+/// the first row shown, `h` the rows shown.
+pub fn scrollbar(
+    f: &mut ratatui::Frame,
+    r: Rect,
+    max: usize,
+    top: usize,
+    h: usize,
+    theme: &crate::Theme,
+) {
+    use ratatui::widgets::{Scrollbar, ScrollbarOrientation, ScrollbarState};
+    if r.width == 0 || r.height == 0 {
+        return;
+    }
+    let mut state = ScrollbarState::new(max + 1)
+        .position(top)
+        .viewport_content_length(h);
+    let bar = Rect::new(r.right() - 1, r.y, 1, r.height);
+    f.render_stateful_widget(
+        Scrollbar::new(ScrollbarOrientation::VerticalRight)
+            .begin_symbol(None)
+            .end_symbol(None)
+            .track_symbol(Some("│"))
+            .thumb_symbol("█")
+            .thumb_style(theme.accent),
+        bar,
+        &mut state,
+    );
+}
