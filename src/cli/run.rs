@@ -300,7 +300,6 @@ fn one_shot_raw(
         text.push_str(&rest);
     }
     print_answer(a, &ids, &text, &stats)
-    Ok(Status::Success)
 }
 
 const CHAT_HELP: &str = "commands:

@@ -5,7 +5,7 @@
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Paragraph, Scrollbar, ScrollbarOrientation, ScrollbarState, Wrap};
+use ratatui::widgets::{Block, Paragraph, Wrap};
 use ratatui::Frame;
 
 use crate::theme::Theme;
@@ -163,25 +163,8 @@ pub fn render(f: &mut Frame, area: Rect, vm: &TensorsVm, theme: &Theme) {
     render_rows(f, a.rows, &plan, vm, theme);
     if vm.total > a.rows.height as usize && a.rows.height > 0 {
         let h = a.rows.height as usize;
-        let mut state = ScrollbarState::new(vm.total - h + 1)
-            .position(vm.offset)
-            .viewport_content_length(h);
-        let bar = Rect::new(
-            a.table.right().saturating_sub(1),
-            a.rows.y,
-            1,
-            a.rows.height,
-        );
-        f.render_stateful_widget(
-            Scrollbar::new(ScrollbarOrientation::VerticalRight)
-                .begin_symbol(None)
-                .end_symbol(None)
-                .track_symbol(Some("│"))
-                .thumb_symbol("█")
-                .thumb_style(theme.accent),
-            bar,
-            &mut state,
-        );
+        let r = Rect::new(a.table.x, a.rows.y, a.table.width, a.rows.height);
+        crate::util::scrollbar(f, r, vm.total - h, vm.offset, h, theme);
     }
     if let (Some(p), Some(d)) = (a.panel, &vm.detail) {
         render_detail(f, p, d, theme);
