@@ -428,6 +428,131 @@ pub fn target_dtype(mode: QuantMode, m: &MappedTensor) -> (DType, bool) {
     }
 }
 
+/// A per-tensor exception to the import's quant mode (`import-gguf --quant-layer`): the
+/// tensors of `layers` whose name within the layer contains `part` are written as `mode`
+/// writes them ([`target_dtype`] with that mode, so norms stay float and a shape the codec
+/// cannot hold takes the fallback). Rules apply in order and the last match wins, so a
+/// broad rule can be refined by a narrower one after it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DTypeOverride {
+    /// Inclusive layer ranges (`model.layers.N.`); `None` (`*`) matches every tensor,
+    /// inside a layer or not (`*:lm_head=f16`).
+    pub layers: Option<Vec<std::ops::RangeInclusive<u64>>>,
+    /// A substring of the Hugging Face name after `model.layers.N.` (`mlp`, `self_attn`,
+    /// `down_proj`; the whole name for `*`); empty: every tensor of those layers.
+    pub part: String,
+    pub mode: QuantMode,
+}
+
+impl DTypeOverride {
+    /// `LAYERS[:PART]=DTYPE`, LAYERS a list of numbers and ranges or `*`:
+    /// `28,29=q8`, `28-29:mlp=q4`, `0-3,10=keep`, `*:lm_head=f16`.
+    pub fn parse(s: &str) -> std::result::Result<DTypeOverride, String> {
+        let bad =
+            |why: &str| format!("{s:?}: {why} (expected LAYERS[:PART]=DTYPE, e.g. 28-29:mlp=q4)");
+        let (lhs, dtype) = s.rsplit_once('=').ok_or_else(|| bad("no '='"))?;
+        let mode = QuantMode::parse(dtype.trim())
+            .ok_or_else(|| bad(&format!("{dtype:?} is not keep or a writable dtype")))?;
+        let (layers, part) = lhs.split_once(':').unwrap_or((lhs, ""));
+        let layers = match layers.trim() {
+            "*" => None,
+            list => {
+                let num = |t: &str| {
+                    t.trim()
+                        .parse::<u64>()
+                        .map_err(|_| bad(&format!("{t:?} is not a layer number")))
+                };
+                let ranges = list
+                    .split(',')
+                    .map(|item| match item.split_once('-') {
+                        Some((a, b)) => {
+                            let (a, b) = (num(a)?, num(b)?);
+                            if a > b {
+                                return Err(bad(&format!("empty range {a}-{b}")));
+                            }
+                            Ok(a..=b)
+                        }
+                        None => num(item).map(|l| l..=l),
+                    })
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                Some(ranges)
+            }
+        };
+        Ok(DTypeOverride {
+            layers,
+            part: part.trim().to_string(),
+            mode,
+        })
+    }
+
+    /// Whether the tensor named `hf_name` (a Hugging Face name) falls under this rule.
+    pub fn matches(&self, hf_name: &str) -> bool {
+        match &self.layers {
+            None => hf_name.contains(&self.part),
+            Some(ranges) => layer_of(hf_name).is_some_and(|(l, rest)| {
+                ranges.iter().any(|r| r.contains(&l)) && rest.contains(&self.part)
+            }),
+        }
+    }
+}
+
+/// The canonical form [`DTypeOverride::parse`] reads back (provenance records it).
+impl std::fmt::Display for DTypeOverride {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.layers {
+            None => f.write_str("*")?,
+            Some(ranges) => {
+                let items: Vec<String> = ranges
+                    .iter()
+                    .map(|r| match r.start() == r.end() {
+                        true => r.start().to_string(),
+                        false => format!("{}-{}", r.start(), r.end()),
+                    })
+                    .collect();
+                f.write_str(&items.join(","))?;
+            }
+        }
+        if !self.part.is_empty() {
+            write!(f, ":{}", self.part)?;
+        }
+        write!(f, "={}", self.mode.name())
+    }
+}
+
+/// `model.layers.N.rest` → `(N, rest)`.
+fn layer_of(hf_name: &str) -> Option<(u64, &str)> {
+    let (n, rest) = hf_name.strip_prefix("model.layers.")?.split_once('.')?;
+    Some((n.parse().ok()?, rest))
+}
+
+/// [`target_dtype`] after the overrides: the last rule matching `m` decides, as if its
+/// mode were the import's for that tensor alone.
+pub fn target_dtype_with(
+    mode: QuantMode,
+    overrides: &[DTypeOverride],
+    m: &MappedTensor,
+) -> (DType, bool) {
+    let mode = overrides
+        .iter()
+        .rev()
+        .find(|o| o.matches(&m.hf_name))
+        .map_or(mode, |o| o.mode);
+    target_dtype(mode, m)
+}
+
+/// What an import can be told beyond its quant mode.
+#[derive(Clone, Debug, Default)]
+pub struct ImportOptions {
+    /// Encoder knobs for the re-encoded tensors (`--mean-bits`).
+    pub encode: EncodeOptions,
+    /// Per-tensor dtype exceptions ([`DTypeOverride`]); a rule that matches no tensor is
+    /// an error (a typo in a layer number would otherwise pass unnoticed).
+    pub overrides: Vec<DTypeOverride>,
+    /// Fields added to the header's `provenance` object (who asked for the file, the
+    /// source's checksum); a key the importer writes too is replaced.
+    pub provenance: serde_json::Map<String, serde_json::Value>,
+}
+
 /// What happened to one tensor.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct TensorReport {
@@ -603,11 +728,38 @@ pub fn import_gguf_with(
     encode: &EncodeOptions,
     on_tensor: &mut dyn FnMut(&TensorReport),
 ) -> Result<ImportReport> {
+    let opts = ImportOptions {
+        encode: *encode,
+        ..ImportOptions::default()
+    };
+    import_gguf_opts(src, out, mode, &opts, on_tensor)
+}
+
+/// [`import_gguf`] with every option: encoder knobs, per-tensor dtype overrides, and
+/// provenance fields of the caller.
+pub fn import_gguf_opts(
+    src: &Path,
+    out: &Path,
+    mode: QuantMode,
+    opts: &ImportOptions,
+    on_tensor: &mut dyn FnMut(&TensorReport),
+) -> Result<ImportReport> {
+    let encode = &opts.encode;
     let file = GgufFile::open(src)?;
     let g = &file.gguf;
     let arch = arch_from_metadata(g)?;
     let mapped = map_tensors(g)?;
-    let targets: Vec<(DType, bool)> = mapped.iter().map(|m| target_dtype(mode, m)).collect();
+    if let Some(o) = opts
+        .overrides
+        .iter()
+        .find(|o| !mapped.iter().any(|m| o.matches(&m.hf_name)))
+    {
+        return Err(unsupported(format!("dtype override {o} matches no tensor")));
+    }
+    let targets: Vec<(DType, bool)> = mapped
+        .iter()
+        .map(|m| target_dtype_with(mode, &opts.overrides, m))
+        .collect();
     let file_type = g.get_u64("general.file_type");
     let header = Header {
         format: Some("cmf".into()),
@@ -622,15 +774,28 @@ pub fn import_gguf_with(
             .quant_type_label()
             .into(),
         ),
-        provenance: Some(json!({
-            "tool": "cortiq import-gguf",
-            "tool_version": env!("CARGO_PKG_VERSION"),
-            "source_file": src.file_name().map(|n| n.to_string_lossy().into_owned()),
-            "source_format": format!("gguf v{}", g.version),
-            "source_name": g.get_str("general.name"),
-            "source_file_type": file_type,
-            "options": {"quant": mode.name()},
-        })),
+        provenance: Some({
+            let mut p = json!({
+                "tool": "cortiq import-gguf",
+                "tool_version": env!("CARGO_PKG_VERSION"),
+                "source_file": src.file_name().map(|n| n.to_string_lossy().into_owned()),
+                "source_format": format!("gguf v{}", g.version),
+                "source_name": g.get_str("general.name"),
+                "source_file_type": file_type,
+                "options": {"quant": mode.name()},
+            });
+            if !opts.overrides.is_empty() {
+                p["options"]["overrides"] = json!(opts
+                    .overrides
+                    .iter()
+                    .map(|o| o.to_string())
+                    .collect::<Vec<_>>());
+            }
+            if let Some(obj) = p.as_object_mut() {
+                obj.extend(opts.provenance.clone());
+            }
+            p
+        }),
         tokenizer_config: tokenizer_config(g),
         ..Header::default()
     };
@@ -950,6 +1115,81 @@ mod tests {
         assert_eq!(QuantMode::parse("q8"), Some(QuantMode::Codec(DType::Q8Row)));
         assert_eq!(QuantMode::parse("KEEP"), Some(QuantMode::Keep));
         assert_eq!(QuantMode::parse("u8"), None);
+    }
+
+    /// `--quant-layer` rules: parsed and printed back, matched by layer and part, the last
+    /// match winning, norms kept float; the import writes exactly those dtypes, records the
+    /// rules and the caller's provenance, and refuses a rule that matches nothing.
+    #[test]
+    fn dtype_overrides_choose_per_tensor_dtypes() {
+        let o = |s: &str| DTypeOverride::parse(s).unwrap();
+        assert_eq!(o("28,29=q8").to_string(), "28,29=q8_row");
+        assert_eq!(o("28-29:mlp=q4").to_string(), "28-29:mlp=q4_block");
+        assert_eq!(o("*:lm_head=f16").layers, None);
+        assert_eq!(
+            o(" 0-3,7 : down_proj = keep").to_string(),
+            "0-3,7:down_proj=keep"
+        );
+        for bad in ["28", "28=u8", "x=q8", "3-1=q8", "=q8", "1-=q4"] {
+            assert!(DTypeOverride::parse(bad).is_err(), "{bad}");
+        }
+        let r = o("1:mlp=q4");
+        assert!(r.matches("model.layers.1.mlp.up_proj.weight"));
+        assert!(!r.matches("model.layers.1.self_attn.q_proj.weight"));
+        assert!(!r.matches("model.layers.11.mlp.up_proj.weight"));
+        assert!(!r.matches("lm_head.weight"));
+        assert!(o("*:lm_head=f16").matches("lm_head.weight"));
+
+        let dir = tempfile::tempdir().unwrap();
+        let src = fixture_path("gguf/tiny-Q8_0.gguf");
+        let out = dir.path().join("o.cmf");
+        let opts = ImportOptions {
+            overrides: vec![o("1=q4"), o("1:down_proj=keep"), o("*:lm_head=f16")],
+            provenance: serde_json::Map::from_iter([("demo".to_string(), json!({"x": 1}))]),
+            ..ImportOptions::default()
+        };
+        let rep = import_gguf_opts(
+            &src,
+            &out,
+            QuantMode::Codec(DType::Q8_2f),
+            &opts,
+            &mut |_| {},
+        )
+        .unwrap();
+        let f = CmfFile::open(&out).unwrap();
+        assert!(crate::format::verify::verify(&f, &Default::default(), &|_| {}).ok);
+        for t in &rep.tensors {
+            let want = if t.shape.len() == 1 {
+                DType::F32
+            } else if t.name == "lm_head.weight" {
+                DType::F16
+            } else if t.name == "model.layers.1.mlp.down_proj.weight" {
+                DType::Q8Row // keep: Q8_0 has no exact CMF form, so its fallback
+            } else if t.name.starts_with("model.layers.1.") {
+                DType::Q4Block
+            } else {
+                DType::Q8_2f
+            };
+            assert_eq!(t.dtype, want, "{}", t.name);
+            assert_eq!(f.tensor(&t.name).unwrap().0.dtype, want, "{}", t.name);
+        }
+        let p = f.header.provenance.as_ref().unwrap();
+        assert_eq!(
+            p["options"]["overrides"],
+            json!(["1=q4_block", "1:down_proj=keep", "*:lm_head=f16"])
+        );
+        assert_eq!(p["demo"]["x"], 1);
+        assert_eq!(p["tool"], "cortiq import-gguf");
+
+        let none = ImportOptions {
+            overrides: vec![o("2:mlp=q4")],
+            ..ImportOptions::default()
+        };
+        let e = import_gguf_opts(&src, &out, QuantMode::Keep, &none, &mut |_| {}).unwrap_err();
+        assert!(
+            e.to_string().contains("2:mlp=q4_block matches no tensor"),
+            "{e}"
+        );
     }
 
     /// A GGUF image written in the test: metadata key/values and F32 tensors.
