@@ -141,7 +141,7 @@ fn chat_error(file: &Path, e: ChatError, user_template: bool) -> CliError {
     let (kind, code) = match &e {
         ChatError::Raised(_) => ("TemplateError", 1),
         ChatError::Syntax(_) if user_template => ("Usage", 2),
-        ChatError::Syntax(_) | ChatError::Render(_) => ("TemplateError", 1),
+        ChatError::Syntax(_) | ChatError::Render(_) | ChatError::Limit(_) => ("TemplateError", 1),
         ChatError::Input(_) | ChatError::NoTokenizer => ("Usage", 2),
         ChatError::Tokenizer(_) => ("Tokenizer", 1),
     };

@@ -32,6 +32,12 @@ pub enum ChatError {
     /// an unknown filter or method (with the template location).
     #[error("the chat template failed: {0}")]
     Render(String),
+    /// Rendering hit a bound that a template from a model file (hostile input) runs under:
+    /// [`template::FUEL`] (work and data), [`template::MAX_OUTPUT_BYTES`] (the prompt),
+    /// [`template::MAX_STRING_BYTES`] (one printed or serialized value),
+    /// [`template::MAX_RANGE_ITEMS`], [`template::MAX_NESTING`]. Names the limit.
+    #[error("the chat template exceeded a limit: {0}")]
+    Limit(String),
     /// The input is not what a chat template takes (messages not a JSON array, ...).
     #[error("invalid chat input: {0}")]
     Input(String),

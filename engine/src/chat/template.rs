@@ -17,13 +17,20 @@
 //!   fine, reading an attribute of one is an error;
 //! - HF's `{% generation %}` block (assistant-mask tracking) renders its body.
 //!
+//! The template comes with the model file, so it is hostile input: every rendering runs
+//! under the bounds below ([`FUEL`], [`MAX_OUTPUT_BYTES`], [`MAX_STRING_BYTES`],
+//! [`MAX_RANGE_ITEMS`], [`MAX_NESTING`]) and stops with [`ChatError::Limit`] at the first
+//! one it passes, instead of looping for hours or allocating gigabytes.
+//!
 //! Known differences, none of which a fixture template exercises: `strftime_now` renders
 //! UTC (std has no time zone database); objects without a data form (ranges, namespaces, loop
 //! objects) print in minijinja's form where Python would name a memory address; the
 //! ImmutableSandbox's refusal of mutating methods has nothing to refuse, because
 //! pycompat offers no `append` or `update`.
 
-use minijinja::value::{Kwargs, Serde, Value};
+use std::io;
+
+use minijinja::value::{Kwargs, Serde, Value, ValueKind};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind};
 use serde_json::Map;
 
@@ -37,6 +44,55 @@ pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>
 
 /// The name the template is registered under; it shows in error locations.
 const NAME: &str = "chat_template";
+
+/// The work budget of a rendering, in minijinja fuel, before the shares of
+/// [`FUEL_PER_MESSAGE`] and [`FUEL_PER_INPUT_BYTE`]: one unit per instruction executed
+/// and one per 64 bytes of data created or processed (output, strings, list slots, the
+/// input of filters; see minijinja's `Environment::set_fuel`). It bounds time (nested
+/// loops stop within a fraction of a second) and memory: a string is paid for when it is
+/// made, and before it is made where its size is known (`'a' * n`, `indent(n)`), so a
+/// rendering creates at most `budget × 64` bytes in all (256 MiB of this base) and a
+/// string doubled in a loop stops there.
+///
+/// Measured on the fixture templates (ChatML, SmolLM2, Qwen2.5, Qwen3 with tools, tool
+/// calls and `<think>` blocks): a 2000-message conversation of 300-byte turns takes 89 k
+/// (ChatML) to 213 k (Qwen3) fuel; in general at most about 76 per message plus 0.09 per
+/// byte of input (Qwen3; 20 000 messages take 0.5 to 2.1 M, 200 turns of 60 kB 0.6 to
+/// 0.9 M). This base alone is 19× the 2000-message figure.
+pub const FUEL: u64 = 4_000_000;
+
+/// The fuel a rendering gets on top of [`FUEL`] per message: 13× the most a fixture
+/// template uses, so that a long conversation keeps its margin while a hostile template
+/// given an ordinary one stays near the base.
+pub const FUEL_PER_MESSAGE: u64 = 1_000;
+
+/// The fuel a rendering gets on top of [`FUEL`] per byte of its input (messages, tools
+/// and extra variables as JSON): 11× the most a fixture template uses per byte.
+pub const FUEL_PER_INPUT_BYTE: u64 = 1;
+
+/// The fuel of a rendering of `messages` messages, `input_bytes` of JSON in all.
+pub fn fuel_budget(messages: usize, input_bytes: usize) -> u64 {
+    FUEL.saturating_add(FUEL_PER_MESSAGE.saturating_mul(messages as u64))
+        .saturating_add(FUEL_PER_INPUT_BYTE.saturating_mul(input_bytes as u64))
+}
+
+/// The largest prompt a rendering may produce: 16 MiB, about four million tokens of
+/// English text; the longest context windows the engine can run are a million tokens,
+/// and a prompt must still fit its window after rendering.
+pub const MAX_OUTPUT_BYTES: usize = 16 << 20;
+
+/// The longest text this module's printing and filters build from one value
+/// (`{{ value }}` of a list or dict, `tojson`, `string`): checked before the text is made,
+/// since a list holding another list twice, forty levels deep, is cheap to build and has
+/// 2^40 items to print.
+pub const MAX_STRING_BYTES: usize = MAX_OUTPUT_BYTES;
+
+/// The most items `range()` may produce (minijinja's own bound, made a named limit).
+pub const MAX_RANGE_ITEMS: usize = 100_000;
+
+/// How deeply nested a value may be to be printed or serialized: deeper (or a namespace
+/// that holds itself) would recurse until the stack overflows.
+pub const MAX_NESTING: usize = 256;
 
 /// What a rendering is asked for besides the messages.
 #[derive(Clone, Debug, Default)]
@@ -77,6 +133,45 @@ impl std::fmt::Display for Raised {
 
 impl std::error::Error for Raised {}
 
+/// A bound of this module was hit; carried like [`Raised`] so that rendering reports
+/// [`ChatError::Limit`].
+#[derive(Debug)]
+struct LimitHit(String);
+
+impl std::fmt::Display for LimitHit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for LimitHit {}
+
+fn limit_error(msg: String) -> Error {
+    Error::new(ErrorKind::InvalidOperation, msg.clone()).with_source(LimitHit(msg))
+}
+
+/// The rendering's sink: keeps the prompt, refuses to grow past `limit` bytes.
+struct BoundedWriter {
+    buf: Vec<u8>,
+    limit: usize,
+    exceeded: bool,
+}
+
+impl io::Write for BoundedWriter {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        if self.buf.len().saturating_add(b.len()) > self.limit {
+            self.exceeded = true;
+            return Err(io::Error::other("output limit reached"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 impl ChatTemplate {
     /// Compiles `source` in an HF-compatible environment.
     pub fn new(source: &str) -> Result<ChatTemplate, ChatError> {
@@ -92,21 +187,17 @@ impl ChatTemplate {
         // A prompt is plain text: nothing may be HTML-escaped, whatever the name.
         env.set_auto_escape_callback(|_| AutoEscape::None);
         env.set_undefined_behavior(minijinja::UndefinedBehavior::Lenient);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_unknown_method_callback(python_method);
         env.set_formatter(|out, _state, value| {
             if let Some(s) = value.as_str() {
                 return out.write_str(s).map_err(Error::from);
             }
-            let mut s = String::new();
-            pyfmt::py_str(value, &mut s);
+            let s = py_str_bounded(value)?;
             out.write_str(&s).map_err(Error::from)
         });
         env.add_filter("tojson", tojson);
-        env.add_filter("string", |v: &Value| {
-            let mut s = String::new();
-            pyfmt::py_str(v, &mut s);
-            s
-        });
+        env.add_filter("string", |v: &Value| py_str_bounded(v));
+        env.add_function("range", range);
         env.add_function(
             "raise_exception",
             |msg: Option<Value>| -> Result<Value, Error> {
@@ -139,6 +230,15 @@ impl ChatTemplate {
         messages: &serde_json::Value,
         opts: &RenderOptions,
     ) -> Result<String, ChatError> {
+        self.render_metered(messages, opts).map(|(text, _)| text)
+    }
+
+    /// [`render`](Self::render), and the fuel the rendering used.
+    fn render_metered(
+        &self,
+        messages: &serde_json::Value,
+        opts: &RenderOptions,
+    ) -> Result<(String, u64), ChatError> {
         if !messages.is_array() {
             return Err(ChatError::Input(format!(
                 "messages must be a JSON array, not {}",
@@ -167,15 +267,35 @@ impl ChatTemplate {
             "add_generation_prompt".into(),
             opts.add_generation_prompt.into(),
         );
-        let tmpl = self
-            .env
+        let ctx = serde_json::Value::Object(ctx);
+        // The budget scales with the input: a copy of the environment carries it.
+        let input = json_len(&ctx);
+        let count = messages.as_array().map_or(0, Vec::len);
+        let budget = fuel_budget(count, input);
+        let mut env = self.env.clone();
+        env.set_fuel(Some(budget));
+        let tmpl = env
             .get_template(NAME)
             .map_err(|e| ChatError::Render(describe(&e)))?;
-        tmpl.render(Value::from(Serde(serde_json::Value::Object(ctx))))
-            .map_err(|e| match raised(&e) {
-                Some(msg) => ChatError::Raised(msg),
-                None => ChatError::Render(describe(&e)),
-            })
+        let mut out = BoundedWriter {
+            buf: Vec::new(),
+            limit: MAX_OUTPUT_BYTES,
+            exceeded: false,
+        };
+        let ctx = Value::from(Serde(ctx));
+        let fuel = match tmpl.render_captured_to(ctx, &mut out) {
+            Ok(done) => done.state().fuel_levels().map_or(0, |(used, _)| used),
+            Err(_) if out.exceeded => {
+                return Err(ChatError::Limit(format!(
+                    "the prompt would exceed MAX_OUTPUT_BYTES ({MAX_OUTPUT_BYTES} bytes)"
+                )))
+            }
+            Err(e) => return Err(classify(&e, budget, count, input)),
+        };
+        // minijinja writes whole `str`s, so the bytes are UTF-8.
+        let text = String::from_utf8(out.buf)
+            .map_err(|_| ChatError::Render("the rendered prompt is not UTF-8".into()))?;
+        Ok((text, fuel))
     }
 }
 
@@ -188,6 +308,50 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
         serde_json::Value::Array(_) => "an array",
         serde_json::Value::Object(_) => "an object",
     }
+}
+
+/// A rendering's error as a [`ChatError`]: the template's own refusal, a bound passed, or
+/// any other failure.
+fn classify(e: &Error, budget: u64, messages: usize, input: usize) -> ChatError {
+    if let Some(msg) = raised(e) {
+        return ChatError::Raised(msg);
+    }
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(l) = err.downcast_ref::<LimitHit>() {
+            return ChatError::Limit(l.0.clone());
+        }
+        if err
+            .downcast_ref::<Error>()
+            .is_some_and(|m| m.kind() == ErrorKind::OutOfFuel)
+        {
+            return ChatError::Limit(format!(
+                "the template used up its fuel: {budget} units of work (instructions, 64-byte \
+                 blocks of data) = FUEL {FUEL} + FUEL_PER_MESSAGE {FUEL_PER_MESSAGE} × \
+                 {messages} messages + FUEL_PER_INPUT_BYTE {FUEL_PER_INPUT_BYTE} × {input} \
+                 bytes of input"
+            ));
+        }
+        cur = err.source();
+    }
+    ChatError::Render(describe(e))
+}
+
+/// The length of `v` as JSON, without building the text.
+fn json_len(v: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
 }
 
 /// The message of a `raise_exception` anywhere in the error's chain.
@@ -212,6 +376,178 @@ fn describe(e: &Error) -> String {
         cur = err.source();
     }
     s
+}
+
+/// `range()` as minijinja has it, with [`MAX_RANGE_ITEMS`] as a named limit.
+fn range(lower: isize, upper: Option<isize>, step: Option<isize>) -> Result<Value, Error> {
+    let (start, end) = match upper {
+        Some(upper) => (lower as i128, upper as i128),
+        None => (0, lower as i128),
+    };
+    let len = match step.unwrap_or(1) as i128 {
+        0 => 0, // minijinja refuses a zero step itself
+        s if s > 0 => (end - start + s - 1).max(0) / s,
+        s => (start - end - s - 1).max(0) / -s,
+    };
+    if len > MAX_RANGE_ITEMS as i128 {
+        return Err(limit_error(format!(
+            "range() of {len} items exceeds MAX_RANGE_ITEMS ({MAX_RANGE_ITEMS})"
+        )));
+    }
+    minijinja::functions::range(lower, upper, step)
+}
+
+/// Python's methods on strings, lists and dicts (minijinja-contrib's pycompat), with
+/// `str.format` refused when its widths could build more than [`MAX_STRING_BYTES`]: it
+/// pads before fuel can pay for the result.
+fn python_method(
+    state: &mut minijinja::State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
+    if let (Some(fmt), "format") = (value.as_str(), method) {
+        check_str_format(fmt, args)?;
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
+/// An upper bound on what `fmt.format(*args)` makes: the format string, every argument's
+/// text, and every number inside a replacement field taken as a width; a field nested in
+/// another's spec (`{:>{}}`) may take its width from any integer argument.
+fn check_str_format(fmt: &str, args: &[Value]) -> Result<(), Error> {
+    let mut bound = fmt.len() as u128;
+    let (mut depth, mut nested, mut num) = (0usize, false, 0u128);
+    for c in fmt.chars() {
+        match c {
+            '0'..='9' if depth > 0 => {
+                num = num
+                    .saturating_mul(10)
+                    .saturating_add(c as u128 - '0' as u128);
+                continue;
+            }
+            '{' => {
+                depth += 1;
+                nested |= depth > 1;
+            }
+            '}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        bound = bound.saturating_add(num);
+        num = 0;
+    }
+    bound = bound.saturating_add(num);
+    for a in args {
+        bound = bound.saturating_add(text_len_bound(a, PY_LAYOUT)? as u128);
+        if nested && a.is_integer() {
+            bound = bound.saturating_add(u128::try_from(a.clone()).unwrap_or(u128::MAX));
+        }
+    }
+    if bound > MAX_STRING_BYTES as u128 {
+        return Err(limit_error(format!(
+            "str.format() could build {bound} bytes, above MAX_STRING_BYTES ({MAX_STRING_BYTES})"
+        )));
+    }
+    Ok(())
+}
+
+/// Per-item overheads of a text form, for [`text_len_bound`].
+#[derive(Clone, Copy)]
+struct Layout {
+    /// Between items.
+    item_sep: usize,
+    /// Between a key and its value.
+    key_sep: usize,
+    /// Per nesting level on each item's line (0: one line).
+    indent: usize,
+}
+
+/// Python's `str()` form: `, ` and `: `, one line.
+const PY_LAYOUT: Layout = Layout {
+    item_sep: 2,
+    key_sep: 2,
+    indent: 0,
+};
+
+/// The longest a string gets quoted and escaped, as a JSON string or a Python repr: an
+/// ASCII byte escapes to at most 6 bytes (`\u0000`), a non-ASCII one to at most 3 (the
+/// `\uXXXX` of a two-byte character).
+fn escaped_len_bound(s: &str) -> usize {
+    let extra: usize = s
+        .bytes()
+        .map(|b| match b {
+            0x80.. => 2,
+            0..=0x1f | 0x7f | b'"' | b'\\' | b'\'' => 5,
+            _ => 0,
+        })
+        .sum();
+    s.len() + extra + 2
+}
+
+/// `str(value)` as [`pyfmt::py_str`] writes it, refused past [`MAX_STRING_BYTES`] or
+/// [`MAX_NESTING`].
+fn py_str_bounded(v: &Value) -> Result<String, Error> {
+    if let Some(s) = v.as_str() {
+        return Ok(s.to_string()); // printed as it is: no larger than what already exists
+    }
+    text_len_bound(v, PY_LAYOUT)?;
+    let mut s = String::new();
+    pyfmt::py_str(v, &mut s);
+    Ok(s)
+}
+
+/// An upper bound on the length of a value's printed or serialized text; an error when
+/// it could exceed [`MAX_STRING_BYTES`] or the value nests deeper than [`MAX_NESTING`].
+/// The walk stops as soon as the bound is passed, so it takes at most about
+/// `MAX_STRING_BYTES` steps however many items a shared structure multiplies into.
+fn text_len_bound(v: &Value, layout: Layout) -> Result<usize, Error> {
+    let mut budget = MAX_STRING_BYTES;
+    text_size(v, layout, 0, &mut budget)?;
+    Ok(MAX_STRING_BYTES - budget)
+}
+
+fn text_size(v: &Value, layout: Layout, depth: usize, budget: &mut usize) -> Result<(), Error> {
+    fn take(budget: &mut usize, n: usize) -> Result<(), Error> {
+        *budget = budget.checked_sub(n).ok_or_else(|| {
+            limit_error(format!(
+                "a value's text would exceed MAX_STRING_BYTES ({MAX_STRING_BYTES} bytes)"
+            ))
+        })?;
+        Ok(())
+    }
+    if depth > MAX_NESTING {
+        return Err(limit_error(format!(
+            "a value nests deeper than MAX_NESTING ({MAX_NESTING} levels)"
+        )));
+    }
+    // A newline and the indentation of one item's line.
+    let line = if layout.indent > 0 {
+        1 + layout.indent.saturating_mul(depth + 1)
+    } else {
+        0
+    };
+    match v.kind() {
+        ValueKind::String => take(budget, escaped_len_bound(v.as_str().unwrap_or_default())),
+        ValueKind::Seq | ValueKind::Iterable => {
+            take(budget, 2 + line)?;
+            for item in v.try_iter()? {
+                take(budget, layout.item_sep + line)?;
+                text_size(&item, layout, depth + 1, budget)?;
+            }
+            Ok(())
+        }
+        ValueKind::Map => {
+            take(budget, 2 + line)?;
+            for key in v.try_iter()? {
+                take(budget, layout.item_sep + layout.key_sep + line)?;
+                text_size(&key, layout, depth + 1, budget)?;
+                text_size(&v.get_item(&key)?, layout, depth + 1, budget)?;
+            }
+            Ok(())
+        }
+        // Numbers, None, booleans, and the short forms of other objects.
+        _ => take(budget, 64),
+    }
 }
 
 /// HF's `tojson`: `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
@@ -259,7 +595,13 @@ fn tojson(value: &Value, args: &[Value], kwargs: Kwargs) -> Result<Value, Error>
                         "tojson: indent must be an integer or a string",
                     ));
                 };
-                " ".repeat(n.max(0) as usize)
+                let n = usize::try_from(n.max(0)).unwrap_or(usize::MAX);
+                if n > MAX_STRING_BYTES {
+                    return Err(limit_error(format!(
+                        "tojson indent {n} exceeds MAX_STRING_BYTES ({MAX_STRING_BYTES})"
+                    )));
+                }
+                " ".repeat(n)
             }
         });
         // With an indent Python drops the space after the item separator.
@@ -280,6 +622,14 @@ fn tojson(value: &Value, args: &[Value], kwargs: Kwargs) -> Result<Value, Error>
             }
         }
     }
+    text_len_bound(
+        value,
+        Layout {
+            item_sep: opts.item_sep.len(),
+            key_sep: opts.key_sep.len(),
+            indent: opts.indent.as_ref().map_or(0, String::len),
+        },
+    )?;
     Ok(Value::from(pyfmt::json_dumps(value, &opts)?))
 }
 
@@ -498,5 +848,78 @@ mod tests {
             rewrite_generation_blocks("{% if generation_prompt %}"),
             "{% if generation_prompt %}"
         );
+    }
+
+    /// A long conversation with tool calls, `<think>` blocks and tool results, every
+    /// turn `body` bytes long.
+    fn long_conversation(n: usize, body: usize) -> serde_json::Value {
+        let text = |i: usize| {
+            let mut s = format!("message {i}: ");
+            while s.len() < body {
+                s.push_str("the quick brown fox jumps over the lazy dog, é ü 字; ");
+            }
+            s
+        };
+        let mut m = vec![json!({"role": "system", "content": "You are a helpful assistant."})];
+        let mut i = 1;
+        while m.len() < n {
+            m.push(json!({"role": "user", "content": text(i)}));
+            if i % 5 == 0 {
+                m.push(
+                    json!({"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}),
+                );
+                m.push(json!({"role": "tool", "content": "{\"temp\": 21}"}));
+            }
+            m.push(json!({"role": "assistant",
+                "content": format!("<think>\nreasoning {i}\n</think>\n\n{}", text(i))}));
+            i += 1;
+        }
+        m.truncate(n);
+        serde_json::Value::Array(m)
+    }
+
+    /// The fuel the real templates use, against the budget: the base alone leaves a 10×
+    /// margin at 2000 messages, and the whole budget keeps 10× for many short messages
+    /// and for a conversation near [`MAX_OUTPUT_BYTES`]. (Measured: 89 k to 213 k fuel at
+    /// 2000 messages, 0.5 to 1.7 M at 20 000 short ones, 0.6 to 0.9 M at 12 MB.)
+    #[test]
+    fn fixture_templates_use_a_fraction_of_the_fuel() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/chat");
+        assert!(dir.exists(), "{} is missing", dir.display());
+        let tools = json!([{"type": "function", "function": {"name": "get_weather",
+            "description": "Get the weather", "parameters": {"type": "object",
+            "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+        let opts = RenderOptions {
+            add_generation_prompt: true,
+            tools: Some(tools),
+            ..Default::default()
+        };
+        for name in [
+            "chatml.jinja",
+            "smollm2.jinja",
+            "qwen25.jinja",
+            "qwen3.jinja",
+        ] {
+            let t = ChatTemplate::new(&std::fs::read_to_string(dir.join(name)).unwrap()).unwrap();
+            for (n, body, base_only) in
+                [(2000, 300, true), (20_000, 10, false), (200, 60_000, false)]
+            {
+                let msgs = long_conversation(n, body);
+                let (out, used) = t.render_metered(&msgs, &opts).unwrap();
+                assert!(out.len() > n * body / 2, "{name}");
+                let budget = if base_only {
+                    FUEL
+                } else {
+                    // As render_metered counts the input: the context around the messages.
+                    fuel_budget(n, msgs.to_string().len())
+                };
+                assert!(
+                    used * 10 <= budget,
+                    "{name}, {n} messages of {body} bytes: {used} fuel of {budget}"
+                );
+            }
+        }
     }
 }
