@@ -1,6 +1,8 @@
 //! State of the Integrity view: the hash chain of spec §8.1 (envelope → header → directory
 //! → sections → tensors → signature) with what the file records for each link, and a
-//! verify run on a worker thread whose results fill the tree as they arrive.
+//! verify run on a worker thread whose results fill the tree as they arrive. A sharded
+//! model (§10) has one chain per shard: the tree groups them under a row per shard, the
+//! run verifies them one after another and the verdict covers the whole set.
 //!
 //! A run is sequential: `v` while one runs is refused, and after `c` the view waits for the
 //! cancelled run's last report before it starts another. Reports carry no run id, so this
@@ -14,7 +16,7 @@ use cortiq_engine::format::signature::{self, SignatureStatus};
 use cortiq_engine::format::verify::{
     verify, Link, LinkResult, LinkStatus, VerifyEvent, VerifyOptions, VerifyReport,
 };
-use cortiq_engine::format::{feature, CmfFile, SectionKind};
+use cortiq_engine::format::{feature, CmfFile, CmfModel, SectionKind};
 use cortiq_engine::quant;
 use cortiq_views::integrity::{self as view, ChainRow, IntegrityVm, Mark, Note, Tone};
 use cortiq_views::util::{human_bytes, shape_str};
@@ -81,18 +83,33 @@ struct SectionNode {
     status: Option<LinkStatus>,
 }
 
-/// One row of the tree, in chain order.
+/// One row of a file's chain, in chain order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Node {
+    /// The group row of a shard (a sharded model only).
+    Shard,
     Envelope,
     Header,
     Directory,
-    /// Index into `sections`.
+    /// Index into the chain's `sections`.
     Section(usize),
     Tensors,
-    /// Index into the directory.
+    /// Index into the shard's own directory.
     Tensor(usize),
     Signature,
+}
+
+/// A row of the tree: a node of shard `shard`'s chain (0 for a single file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct At {
+    shard: usize,
+    node: Node,
+}
+
+impl At {
+    fn new(shard: usize, node: Node) -> At {
+        At { shard, node }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,37 +119,58 @@ enum Phase {
     Done,
 }
 
-/// What the worker leaves for the view beside its final report: how long `verify` took
+/// What a run found over the whole model: every shard's chain, one after another (§10:
+/// each shard is a complete file with its own hashes).
+#[derive(Debug, PartialEq)]
+pub struct SetReport {
+    /// One engine report per shard verified, in shard order (fewer when cancelled).
+    pub shards: Vec<VerifyReport>,
+    /// Every shard verified and every link held.
+    pub ok: bool,
+    pub cancelled: bool,
+}
+
+impl SetReport {
+    pub fn tensors_checked(&self) -> usize {
+        self.shards.iter().map(|r| r.tensors_checked).sum()
+    }
+
+    pub fn bytes_hashed(&self) -> u64 {
+        self.shards.iter().map(|r| r.bytes_hashed).sum()
+    }
+}
+
+/// What the worker leaves for the view beside its final report: how long the run took
 /// (measured on the worker, so the UI's frame pacing does not count) and the report itself,
 /// by which the view tells its own run's last report from a stale one.
-type Finish = Mutex<Option<(Duration, Arc<VerifyReport>)>>;
+type Finish = Mutex<Option<(Duration, Arc<SetReport>)>>;
 
 struct Run {
     finish: Arc<Finish>,
     tensors_total: usize,
     bytes_total: u64,
     bytes_done: u64,
+    /// The shard whose chain the worker is on.
+    shard: usize,
     cancel_requested: bool,
     elapsed: Option<Duration>,
-    report: Option<Arc<VerifyReport>>,
+    report: Option<Arc<SetReport>>,
 }
 
-pub struct IntegrityState {
+/// One file's chain and what a run found in it: the whole tree for a single file, one
+/// group of it per shard for a sharded model.
+struct Chain {
+    file: Arc<CmfFile>,
     file_name: String,
     has_path: bool,
     sig_present: bool,
-    pub trusted: TrustedKeys,
     sections: Vec<SectionNode>,
     tensor_count: usize,
     tensor_bytes: u64,
     /// Characters in the longest tensor name (the tree's name column follows it).
     widest_tensor_name: usize,
+    /// Its tensors node is open.
     expanded: bool,
-    /// Show only failing tensors under the tensors node.
-    failing_only: bool,
-    selected: usize,
-    offset: usize,
-    phase: Phase,
     header: Option<LinkStatus>,
     directory: Option<LinkStatus>,
     tensors: Vec<Option<LinkStatus>>,
@@ -140,6 +178,258 @@ pub struct IntegrityState {
     /// Failing tensors, directory order.
     failing: Vec<usize>,
     signature: Option<LinkStatus>,
+    /// From the run's report of this file: the signature's meaning, and whether every
+    /// link held (`None` until the run has finished this file).
+    sig_status: Option<SignatureStatus>,
+    verified: Option<bool>,
+}
+
+impl Chain {
+    fn new(file: &Arc<CmfFile>) -> Chain {
+        let file_name = file
+            .path
+            .as_ref()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "(in memory)".into());
+        let sig_present = file
+            .path
+            .as_ref()
+            .is_some_and(|p| signature::sig_path(p).is_file());
+        let hashes = file.header.section_hashes.as_ref();
+        let sections = [SectionKind::Masks, SectionKind::Vocab, SectionKind::Index]
+            .into_iter()
+            .filter(|&k| file.envelope.section(k).is_present())
+            .map(|kind| SectionNode {
+                kind,
+                recorded: hashes.and_then(|h| match kind {
+                    SectionKind::Masks => h.masks.clone(),
+                    SectionKind::Vocab => h.vocab.clone(),
+                    _ => h.index.clone(),
+                }),
+                status: None,
+            })
+            .collect();
+        let n = file.directory.len();
+        Chain {
+            file: Arc::clone(file),
+            file_name,
+            has_path: file.path.is_some(),
+            sig_present,
+            sections,
+            tensor_count: n,
+            tensor_bytes: file.directory.iter().map(|e| e.nbytes).sum(),
+            widest_tensor_name: file
+                .directory
+                .iter()
+                .map(|e| cortiq_views::util::esc(&e.name).chars().count())
+                .max()
+                .unwrap_or(0),
+            expanded: false,
+            header: None,
+            directory: None,
+            tensors: vec![None; n],
+            tensors_checked: 0,
+            failing: Vec::new(),
+            signature: None,
+            sig_status: None,
+            verified: None,
+        }
+    }
+
+    fn children(&self, failing_only: bool) -> usize {
+        match (self.expanded, failing_only) {
+            (false, _) => 0,
+            (true, true) => self.failing.len(),
+            (true, false) => self.tensor_count,
+        }
+    }
+
+    fn tensors_row(&self) -> usize {
+        3 + self.sections.len()
+    }
+
+    fn rows(&self, failing_only: bool) -> usize {
+        self.tensors_row() + 1 + self.children(failing_only) + 1
+    }
+
+    fn node_at(&self, row: usize, failing_only: bool) -> Option<Node> {
+        let t = self.tensors_row();
+        let kids = self.children(failing_only);
+        Some(match row {
+            0 => Node::Envelope,
+            1 => Node::Header,
+            2 => Node::Directory,
+            r if r < t => Node::Section(r - 3),
+            r if r == t => Node::Tensors,
+            r if r <= t + kids => {
+                let k = r - t - 1;
+                Node::Tensor(if failing_only { self.failing[k] } else { k })
+            }
+            r if r == t + kids + 1 => Node::Signature,
+            _ => return None,
+        })
+    }
+
+    fn row_of(&self, node: Node, failing_only: bool) -> Option<usize> {
+        let t = self.tensors_row();
+        Some(match node {
+            Node::Shard => return None,
+            Node::Envelope => 0,
+            Node::Header => 1,
+            Node::Directory => 2,
+            Node::Section(i) => 3 + i,
+            Node::Tensors => t,
+            Node::Tensor(i) => {
+                if !self.expanded {
+                    return None;
+                }
+                let k = if failing_only {
+                    self.failing.binary_search(&i).ok()?
+                } else {
+                    i
+                };
+                t + 1 + k
+            }
+            Node::Signature => t + self.children(failing_only) + 1,
+        })
+    }
+
+    fn node_of_link(&self, link: &Link) -> Option<Node> {
+        match link {
+            Link::Header => Some(Node::Header),
+            Link::Directory => Some(Node::Directory),
+            Link::Section { section } => self
+                .sections
+                .iter()
+                .position(|s| s.kind == *section)
+                .map(Node::Section),
+            Link::Tensor { index, .. } => {
+                (*index < self.tensor_count).then_some(Node::Tensor(*index))
+            }
+            Link::Signature => Some(Node::Signature),
+        }
+    }
+
+    /// The first failing link in chain order, from what has arrived so far.
+    fn first_broken(&self) -> Option<Node> {
+        let fails = |s: &Option<LinkStatus>| s.as_ref().is_some_and(LinkStatus::is_failure);
+        if fails(&self.header) {
+            return Some(Node::Header);
+        }
+        if fails(&self.directory) {
+            return Some(Node::Directory);
+        }
+        if let Some(i) = self.sections.iter().position(|s| fails(&s.status)) {
+            return Some(Node::Section(i));
+        }
+        if let Some(&i) = self.failing.first() {
+            return Some(Node::Tensor(i));
+        }
+        fails(&self.signature).then_some(Node::Signature)
+    }
+
+    /// Failing links as `(what, status)`, each name after `prefix`.
+    fn failing_links(&self, prefix: &str, v: &mut Vec<(String, LinkStatus)>) {
+        let mut push = |name: String, s: &Option<LinkStatus>| {
+            if let Some(s) = s.as_ref().filter(|s| s.is_failure()) {
+                v.push((format!("{prefix}{name}"), s.clone()));
+            }
+        };
+        push("header".into(), &self.header);
+        push("directory".into(), &self.directory);
+        for s in &self.sections {
+            push(format!("{} section", s.kind.name()), &s.status);
+        }
+        for &i in &self.failing {
+            let name = self
+                .file
+                .directory
+                .entries
+                .get(i)
+                .map(|e| e.name.as_str())
+                .unwrap_or("?");
+            push(format!("tensor {name}"), &self.tensors[i]);
+        }
+        push("signature".into(), &self.signature);
+    }
+
+    fn failing_count(&self) -> usize {
+        let f = |s: &Option<LinkStatus>| s.as_ref().is_some_and(LinkStatus::is_failure) as usize;
+        f(&self.header)
+            + f(&self.directory)
+            + self.sections.iter().map(|s| f(&s.status)).sum::<usize>()
+            + self.failing.len()
+            + f(&self.signature)
+    }
+
+    fn unchecked_links(&self) -> usize {
+        let un = |s: &Option<LinkStatus>| matches!(s, Some(LinkStatus::Unchecked { .. }));
+        let mut n = un(&self.header) as usize + un(&self.directory) as usize;
+        n += self.sections.iter().filter(|s| un(&s.status)).count();
+        n
+    }
+
+    fn reset(&mut self) {
+        self.header = None;
+        self.directory = None;
+        for s in &mut self.sections {
+            s.status = None;
+        }
+        self.tensors.iter_mut().for_each(|t| *t = None);
+        self.tensors_checked = 0;
+        self.failing.clear();
+        self.signature = None;
+        self.sig_status = None;
+        self.verified = None;
+    }
+
+    fn apply(&mut self, l: &LinkResult) {
+        let status = Some(l.status.clone());
+        match self.node_of_link(&l.link) {
+            Some(Node::Header) => self.header = status,
+            Some(Node::Directory) => self.directory = status,
+            Some(Node::Section(i)) => self.sections[i].status = status,
+            Some(Node::Tensor(i)) => {
+                if self.tensors[i].is_none() {
+                    self.tensors_checked += 1;
+                }
+                if l.status.is_failure() {
+                    if let Err(at) = self.failing.binary_search(&i) {
+                        self.failing.insert(at, i);
+                    }
+                }
+                self.tensors[i] = status;
+            }
+            Some(Node::Signature) => self.signature = status,
+            _ => {}
+        }
+    }
+
+    /// Whether the signature line can say "unsigned" without a run (no `.sig`, or the
+    /// run found none).
+    fn unsigned(&self) -> bool {
+        match &self.sig_status {
+            Some(st) => matches!(st, SignatureStatus::Unsigned),
+            None => self.has_path && !self.sig_present,
+        }
+    }
+}
+
+pub struct IntegrityState {
+    /// One per shard, in order; a single file has one.
+    chains: Vec<Chain>,
+    /// Which shard groups are open (a sharded model).
+    open: Vec<bool>,
+    pub trusted: TrustedKeys,
+    /// Over every shard.
+    tensor_count: usize,
+    tensor_bytes: u64,
+    /// Show only failing tensors under the tensors nodes.
+    failing_only: bool,
+    selected: usize,
+    offset: usize,
+    phase: Phase,
     run: Option<Run>,
 }
 
@@ -221,192 +511,122 @@ fn trust_statement(s: &SignatureStatus, sig_name: &str, trusted: usize) -> (Stri
 }
 
 impl IntegrityState {
-    pub fn new(file: &CmfFile) -> IntegrityState {
-        let file_name = file
-            .path
-            .as_ref()
-            .and_then(|p| p.file_name())
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "(in memory)".into());
-        let sig_present = file
-            .path
-            .as_ref()
-            .is_some_and(|p| signature::sig_path(p).is_file());
-        let hashes = file.header.section_hashes.as_ref();
-        let sections = [SectionKind::Masks, SectionKind::Vocab, SectionKind::Index]
-            .into_iter()
-            .filter(|&k| file.envelope.section(k).is_present())
-            .map(|kind| SectionNode {
-                kind,
-                recorded: hashes.and_then(|h| match kind {
-                    SectionKind::Masks => h.masks.clone(),
-                    SectionKind::Vocab => h.vocab.clone(),
-                    _ => h.index.clone(),
-                }),
-                status: None,
-            })
-            .collect();
-        let n = file.directory.len();
+    pub fn new(model: &CmfModel) -> IntegrityState {
+        let chains: Vec<Chain> = model.shards.iter().map(Chain::new).collect();
         IntegrityState {
-            file_name,
-            has_path: file.path.is_some(),
-            sig_present,
+            open: vec![true; chains.len()],
             trusted: TrustedKeys::from_env(),
-            sections,
-            tensor_count: n,
-            tensor_bytes: file.directory.iter().map(|e| e.nbytes).sum(),
-            widest_tensor_name: file
-                .directory
-                .iter()
-                .map(|e| cortiq_views::util::esc(&e.name).chars().count())
-                .max()
-                .unwrap_or(0),
-            expanded: false,
+            tensor_count: chains.iter().map(|c| c.tensor_count).sum(),
+            tensor_bytes: chains.iter().map(|c| c.tensor_bytes).sum(),
+            chains,
             failing_only: false,
             selected: 0,
             offset: 0,
             phase: Phase::Idle,
-            header: None,
-            directory: None,
-            tensors: vec![None; n],
-            tensors_checked: 0,
-            failing: Vec::new(),
-            signature: None,
             run: None,
         }
     }
 
     // ---- the tree's rows -------------------------------------------------------------
 
-    fn children(&self) -> usize {
-        match (self.expanded, self.failing_only) {
-            (false, _) => 0,
-            (true, true) => self.failing.len(),
-            (true, false) => self.tensor_count,
-        }
+    /// A sharded model: each shard's chain is a group under its own row.
+    fn grouped(&self) -> bool {
+        self.chains.len() > 1
     }
 
-    fn tensors_row(&self) -> usize {
-        3 + self.sections.len()
+    /// `shard k/n`, as rows and messages name a shard.
+    fn shard_label(&self, s: usize) -> String {
+        format!("shard {}/{}", s + 1, self.chains.len())
+    }
+
+    /// Rows of shard `s`: its chain, under its group row when grouped.
+    fn height(&self, s: usize) -> usize {
+        let c = &self.chains[s];
+        if !self.grouped() {
+            return c.rows(self.failing_only);
+        }
+        1 + if self.open[s] {
+            c.rows(self.failing_only)
+        } else {
+            0
+        }
     }
 
     fn total_rows(&self) -> usize {
-        self.tensors_row() + 1 + self.children() + 1
+        (0..self.chains.len()).map(|s| self.height(s)).sum()
     }
 
-    fn node_at(&self, row: usize) -> Option<Node> {
-        let t = self.tensors_row();
-        let kids = self.children();
-        Some(match row {
-            0 => Node::Envelope,
-            1 => Node::Header,
-            2 => Node::Directory,
-            r if r < t => Node::Section(r - 3),
-            r if r == t => Node::Tensors,
-            r if r <= t + kids => {
-                let k = r - t - 1;
-                Node::Tensor(if self.failing_only {
-                    self.failing[k]
-                } else {
-                    k
-                })
-            }
-            r if r == t + kids + 1 => Node::Signature,
-            _ => return None,
-        })
-    }
-
-    fn row_of(&self, node: Node) -> Option<usize> {
-        let t = self.tensors_row();
-        Some(match node {
-            Node::Envelope => 0,
-            Node::Header => 1,
-            Node::Directory => 2,
-            Node::Section(i) => 3 + i,
-            Node::Tensors => t,
-            Node::Tensor(i) => {
-                if !self.expanded {
-                    return None;
+    fn node_at(&self, mut row: usize) -> Option<At> {
+        for (s, c) in self.chains.iter().enumerate() {
+            let h = self.height(s);
+            if row < h {
+                if self.grouped() {
+                    if row == 0 {
+                        return Some(At::new(s, Node::Shard));
+                    }
+                    row -= 1;
                 }
-                let k = if self.failing_only {
-                    self.failing.binary_search(&i).ok()?
-                } else {
-                    i
-                };
-                t + 1 + k
+                return c.node_at(row, self.failing_only).map(|n| At::new(s, n));
             }
-            Node::Signature => t + self.children() + 1,
-        })
+            row -= h;
+        }
+        None
     }
 
-    fn node_of_link(&self, link: &Link) -> Option<Node> {
-        match link {
-            Link::Header => Some(Node::Header),
-            Link::Directory => Some(Node::Directory),
-            Link::Section { section } => self
-                .sections
-                .iter()
-                .position(|s| s.kind == *section)
-                .map(Node::Section),
-            Link::Tensor { index, .. } => {
-                (*index < self.tensor_count).then_some(Node::Tensor(*index))
-            }
-            Link::Signature => Some(Node::Signature),
+    fn row_of(&self, at: At) -> Option<usize> {
+        let c = self.chains.get(at.shard)?;
+        let base: usize = (0..at.shard).map(|s| self.height(s)).sum();
+        if !self.grouped() {
+            return c.row_of(at.node, self.failing_only).map(|r| base + r);
         }
+        if at.node == Node::Shard {
+            return Some(base);
+        }
+        if !self.open[at.shard] {
+            return None;
+        }
+        c.row_of(at.node, self.failing_only).map(|r| base + 1 + r)
     }
 
-    /// The first failing link in chain order, from what has arrived so far.
-    fn first_broken(&self) -> Option<Node> {
-        let fails = |s: &Option<LinkStatus>| s.as_ref().is_some_and(LinkStatus::is_failure);
-        if fails(&self.header) {
-            return Some(Node::Header);
-        }
-        if fails(&self.directory) {
-            return Some(Node::Directory);
-        }
-        if let Some(i) = self.sections.iter().position(|s| fails(&s.status)) {
-            return Some(Node::Section(i));
-        }
-        if let Some(&i) = self.failing.first() {
-            return Some(Node::Tensor(i));
-        }
-        fails(&self.signature).then_some(Node::Signature)
+    /// The first failing link in chain order (shard by shard), from what has arrived.
+    fn first_broken(&self) -> Option<At> {
+        self.chains
+            .iter()
+            .enumerate()
+            .find_map(|(s, c)| c.first_broken().map(|n| At::new(s, n)))
     }
 
-    fn failing_links(&self, file: &CmfFile) -> Vec<(String, LinkStatus)> {
+    fn failing_links(&self) -> Vec<(String, LinkStatus)> {
         let mut v = Vec::new();
-        let mut push = |name: String, s: &Option<LinkStatus>| {
-            if let Some(s) = s.as_ref().filter(|s| s.is_failure()) {
-                v.push((name, s.clone()));
-            }
-        };
-        push("header".into(), &self.header);
-        push("directory".into(), &self.directory);
-        for s in &self.sections {
-            push(format!("{} section", s.kind.name()), &s.status);
+        for (s, c) in self.chains.iter().enumerate() {
+            let prefix = if self.grouped() {
+                format!("{}: ", self.shard_label(s))
+            } else {
+                String::new()
+            };
+            c.failing_links(&prefix, &mut v);
         }
-        for &i in &self.failing {
-            let name = file
-                .directory
-                .entries
-                .get(i)
-                .map(|e| e.name.as_str())
-                .unwrap_or("?");
-            push(format!("tensor {name}"), &self.tensors[i]);
-        }
-        push("signature".into(), &self.signature);
         v
+    }
+
+    fn any_failing_tensor(&self) -> bool {
+        self.chains.iter().any(|c| !c.failing.is_empty())
+    }
+
+    fn tensors_checked(&self) -> usize {
+        self.chains.iter().map(|c| c.tensors_checked).sum()
     }
 
     fn is_running(&self) -> bool {
         self.phase == Phase::Running
     }
 
+    fn report(&self) -> Option<&Arc<SetReport>> {
+        self.run.as_ref()?.report.as_ref()
+    }
+
     fn cancelled(&self) -> bool {
-        self.run
-            .as_ref()
-            .and_then(|r| r.report.as_ref())
-            .is_some_and(|r| r.cancelled)
+        self.report().is_some_and(|r| r.cancelled)
     }
 
     /// The cell of a link that has no result: waiting for a run, or not reached by one.
@@ -421,11 +641,68 @@ impl IntegrityState {
         }
     }
 
-    fn row(&self, node: Node, file: &CmfFile) -> ChainRow {
-        let env = &file.envelope;
-        let (depth, expand, name, (mark, detail)) = match node {
+    fn row(&self, at: At) -> ChainRow {
+        let c = &self.chains[at.shard];
+        let env = &c.file.envelope;
+        // A shard's chain sits one level below its group row.
+        let d = u16::from(self.grouped());
+        let (depth, expand, name, (mark, detail)) = match at.node {
+            Node::Shard => {
+                let size = format!(
+                    "{} · {} tensors · {}",
+                    c.file_name,
+                    c.tensor_count,
+                    human_bytes(c.tensor_bytes)
+                );
+                let failing = c.failing_count();
+                let cell = if failing > 0 {
+                    (
+                        Mark::Failed,
+                        format!(
+                            "{size} · {failing} failing link{}",
+                            if failing == 1 { "" } else { "s" }
+                        ),
+                    )
+                } else {
+                    match c.verified {
+                        Some(true) => (Mark::Ok, format!("{size} · every link holds")),
+                        Some(false) if self.cancelled() => (
+                            Mark::Skipped,
+                            format!(
+                                "{size} · cancelled part-way ({} checked)",
+                                c.tensors_checked
+                            ),
+                        ),
+                        Some(false) => (
+                            Mark::Failed,
+                            format!("{size} · the run stopped here (see the log)"),
+                        ),
+                        None if self.is_running()
+                            && self.run.as_ref().is_some_and(|r| r.shard == at.shard) =>
+                        {
+                            (
+                                Mark::Pending,
+                                format!(
+                                    "{size} · verifying… {} of {} checked",
+                                    c.tensors_checked, c.tensor_count
+                                ),
+                            )
+                        }
+                        None => match self.unreached(String::new()) {
+                            (Mark::Pending, _) => (Mark::Pending, size),
+                            (mark, why) => (mark, format!("{size} · {why}")),
+                        },
+                    }
+                };
+                (
+                    0,
+                    Some(self.open[at.shard]),
+                    self.shard_label(at.shard),
+                    cell,
+                )
+            }
             Node::Envelope => (
-                0,
+                d,
                 None,
                 "envelope".to_string(),
                 (
@@ -438,17 +715,17 @@ impl IntegrityState {
                 ),
             ),
             Node::Header | Node::Directory => {
-                let (name, recorded, status, extra) = if node == Node::Header {
-                    ("header", env.header_hash, &self.header, String::new())
+                let (name, recorded, status, extra) = if at.node == Node::Header {
+                    ("header", env.header_hash, &c.header, String::new())
                 } else {
                     (
                         "directory",
                         env.dir_hash,
-                        &self.directory,
-                        format!(" · {} records", self.tensor_count),
+                        &c.directory,
+                        format!(" · {} records", c.tensor_count),
                     )
                 };
-                let c =
+                let cell =
                     match status {
                         Some(s) => cell(s, format!("{recorded:016x} matches{extra}")),
                         None if recorded == 0 => self
@@ -456,11 +733,11 @@ impl IntegrityState {
                         None => self
                             .unreached(format!("recorded {recorded:016x} in the envelope{extra}")),
                     };
-                (0, None, name.to_string(), c)
+                (d, None, name.to_string(), cell)
             }
             Node::Section(i) => {
-                let s = &self.sections[i];
-                let c = match (&s.status, &s.recorded) {
+                let s = &c.sections[i];
+                let cell = match (&s.status, &s.recorded) {
                     (Some(st), rec) => cell(
                         st,
                         format!("{} matches", rec.as_deref().unwrap_or("the hash")),
@@ -470,29 +747,29 @@ impl IntegrityState {
                     }
                     (None, None) => self.unreached("no hash recorded in section_hashes".into()),
                 };
-                (0, None, format!("{} section", s.kind.name()), c)
+                (d, None, format!("{} section", s.kind.name()), cell)
             }
             Node::Tensors => {
                 let size = format!(
                     "{} tensors · {}",
-                    self.tensor_count,
-                    human_bytes(self.tensor_bytes)
+                    c.tensor_count,
+                    human_bytes(c.tensor_bytes)
                 );
-                let c = if !self.failing.is_empty() {
+                let cell = if !c.failing.is_empty() {
                     (
                         Mark::Failed,
-                        if self.tensors_checked == self.tensor_count {
-                            format!("{} of {} FAILED", self.failing.len(), self.tensor_count)
+                        if c.tensors_checked == c.tensor_count {
+                            format!("{} of {} FAILED", c.failing.len(), c.tensor_count)
                         } else {
                             format!(
                                 "{} of {} FAILED · {} checked so far",
-                                self.failing.len(),
-                                self.tensor_count,
-                                self.tensors_checked
+                                c.failing.len(),
+                                c.tensor_count,
+                                c.tensors_checked
                             )
                         },
                     )
-                } else if self.tensors_checked == self.tensor_count && self.phase != Phase::Idle {
+                } else if c.tensors_checked == c.tensor_count && self.phase != Phase::Idle {
                     (Mark::Ok, format!("all {size} match"))
                 } else {
                     match self.phase {
@@ -500,7 +777,7 @@ impl IntegrityState {
                             Mark::Pending,
                             format!(
                                 "{size}{}",
-                                if self.expanded {
+                                if c.expanded {
                                     ""
                                 } else {
                                     " · Enter lists them"
@@ -509,27 +786,28 @@ impl IntegrityState {
                         ),
                         Phase::Running => (
                             Mark::Pending,
-                            format!("{} of {} checked", self.tensors_checked, self.tensor_count),
+                            format!("{} of {} checked", c.tensors_checked, c.tensor_count),
                         ),
                         Phase::Done => (
                             Mark::Skipped,
                             format!(
                                 "{} of {} checked before the run stopped",
-                                self.tensors_checked, self.tensor_count
+                                c.tensors_checked, c.tensor_count
                             ),
                         ),
                     }
                 };
-                (0, Some(self.expanded), "tensors".to_string(), c)
+                (d, Some(c.expanded), "tensors".to_string(), cell)
             }
             Node::Tensor(i) => {
-                let (name, recorded, nbytes) = file
+                let (name, recorded, nbytes) = c
+                    .file
                     .directory
                     .entries
                     .get(i)
                     .map(|e| (e.name.clone(), e.hash, e.nbytes))
                     .unwrap_or_default();
-                let c = match &self.tensors[i] {
+                let cell = match &c.tensors[i] {
                     Some(s) => cell(
                         s,
                         format!("{recorded:016x} matches · {}", human_bytes(nbytes)),
@@ -539,11 +817,11 @@ impl IntegrityState {
                         human_bytes(nbytes)
                     )),
                 };
-                (1, None, name, c)
+                (d + 1, None, name, cell)
             }
             Node::Signature => {
-                let sig = format!("{}.sig", self.file_name);
-                let c = match (&self.signature, self.sig_status()) {
+                let sig = format!("{}.sig", c.file_name);
+                let cell = match (&c.signature, &c.sig_status) {
                     (Some(_), Some(st)) => match st {
                         SignatureStatus::Unsigned => {
                             (Mark::Unchecked, format!("unsigned: no {sig}"))
@@ -561,14 +839,14 @@ impl IntegrityState {
                         }
                     },
                     (Some(s), None) => cell(s, "ok".into()),
-                    (None, _) if !self.has_path => (
+                    (None, _) if !c.has_path => (
                         Mark::Unchecked,
                         "a file in memory has no .sig beside it".into(),
                     ),
-                    (None, _) if self.sig_present => self.unreached(format!("{sig} present")),
+                    (None, _) if c.sig_present => self.unreached(format!("{sig} present")),
                     (None, _) => self.unreached(format!("no {sig} beside the file")),
                 };
-                (0, None, "signature".to_string(), c)
+                (d, None, "signature".to_string(), cell)
             }
         };
         ChainRow {
@@ -581,53 +859,69 @@ impl IntegrityState {
         }
     }
 
-    fn sig_status(&self) -> Option<&SignatureStatus> {
-        self.run.as_ref()?.report.as_ref()?.signature.as_ref()
-    }
-
     // ---- the verdict and the details ---------------------------------------------------
 
-    fn verdict(&self, file: &CmfFile) -> Vec<Note> {
+    fn verdict(&self) -> Vec<Note> {
         let mut v = Vec::new();
         let run = self.run.as_ref();
+        let n = self.chains.len();
+        let checked = self.tensors_checked();
         match self.phase {
             Phase::Idle => v.push(Note::new(
                 "verdict",
-                format!(
-                    "not verified yet — v hashes the whole chain ({} tensors, {})",
-                    self.tensor_count,
-                    human_bytes(self.tensor_bytes)
-                ),
+                if self.grouped() {
+                    format!(
+                        "not verified yet — v hashes each of the {n} shards' chains in turn \
+                         ({} tensors, {})",
+                        self.tensor_count,
+                        human_bytes(self.tensor_bytes)
+                    )
+                } else {
+                    format!(
+                        "not verified yet — v hashes the whole chain ({} tensors, {})",
+                        self.tensor_count,
+                        human_bytes(self.tensor_bytes)
+                    )
+                },
                 Tone::Plain,
             )),
             Phase::Running => {
                 let r = run.map(|r| r.cancel_requested).unwrap_or(false);
+                let shard = match run {
+                    Some(run) if self.grouped() => format!(" · {}", self.shard_label(run.shard)),
+                    _ => String::new(),
+                };
                 v.push(Note::new(
                     "verdict",
                     if r {
                         "cancelling… waiting for the workers to stop".to_string()
                     } else {
                         format!(
-                            "verifying… {} of {} tensors checked",
-                            self.tensors_checked, self.tensor_count
+                            "verifying… {checked} of {} tensors checked{shard}",
+                            self.tensor_count
                         )
                     },
                     Tone::Busy,
                 ));
             }
             Phase::Done => {
-                let report = run.and_then(|r| r.report.as_ref());
-                let fails = self.failing_links(file);
-                let first = self.first_broken().map(|n| self.row(n, file));
+                let report = self.report();
+                let fails = self.failing_links();
+                let first = self.first_broken();
+                let all = if self.grouped() {
+                    format!(" in all {n} shards")
+                } else {
+                    String::new()
+                };
                 if report.is_some_and(|r| r.ok) {
-                    let unchecked = self.unchecked_links();
+                    let unchecked: usize = self.chains.iter().map(Chain::unchecked_links).sum();
                     v.push(Note::new(
                         "verdict",
                         if unchecked == 0 {
-                            "OK — every link of the chain holds".to_string()
+                            format!("OK — every link of the chain holds{all}")
                         } else {
                             format!(
-                                "OK — every recorded hash matches \
+                                "OK — every recorded hash matches{all} \
                                  ({unchecked} link(s) unchecked: nothing recorded)"
                             )
                         },
@@ -637,21 +931,28 @@ impl IntegrityState {
                     v.push(Note::new(
                         "verdict",
                         format!(
-                            "cancelled after {} of {} tensors — nothing is proven; v runs again",
-                            self.tensors_checked, self.tensor_count
+                            "cancelled after {checked} of {} tensors — nothing is proven; v runs again",
+                            self.tensor_count
                         ),
                         Tone::Warn,
                     ));
-                } else if let Some(row) = first {
-                    let what = match self.first_broken() {
-                        Some(Node::Tensor(_)) => format!("tensor {}", row.name),
+                } else if let Some(at) = first {
+                    let row = self.row(at);
+                    let mut what = match at.node {
+                        Node::Tensor(_) => format!("tensor {}", row.name),
                         _ => row.name.clone(),
                     };
+                    // The file name goes last: on a narrow screen the shard row names it.
+                    let mut file = String::new();
+                    if self.grouped() {
+                        what.push_str(&format!(" in {}", self.shard_label(at.shard)));
+                        file = format!(" — {}", self.chains[at.shard].file_name);
+                    }
                     let n = fails.len();
                     v.push(Note::new(
                         "verdict",
                         format!(
-                            "FAILED: first broken link: {what} ({n} failing link{})",
+                            "FAILED: first broken link: {what} ({n} failing link{}){file}",
                             if n == 1 { "" } else { "s" }
                         ),
                         Tone::Bad,
@@ -685,17 +986,20 @@ impl IntegrityState {
                 if let (Some(r), Some(run)) = (report, run) {
                     let mut text = format!(
                         "{} of {} tensors · {}",
-                        r.tensors_checked,
+                        r.tensors_checked(),
                         self.tensor_count,
-                        human_bytes(r.bytes_hashed)
+                        human_bytes(r.bytes_hashed())
                     );
+                    if self.grouped() {
+                        text.push_str(&format!(" · {} of {n} shards", r.shards.len()));
+                    }
                     if let Some(d) = run.elapsed {
                         let secs = d.as_secs_f64();
                         text.push_str(&format!(" in {}", human_duration(d)));
                         if secs > 0.0 {
                             text.push_str(&format!(
                                 " · {}/s",
-                                human_bytes((r.bytes_hashed as f64 / secs) as u64)
+                                human_bytes((r.bytes_hashed() as f64 / secs) as u64)
                             ));
                         }
                     }
@@ -703,20 +1007,25 @@ impl IntegrityState {
                 }
             }
         }
-        let sig_name = format!("{}.sig", self.file_name);
-        let (text, tone) = match self.sig_status() {
-            Some(st) => trust_statement(st, &sig_name, self.trusted.keys.len()),
-            None if !self.has_path => ("a file in memory has no .sig beside it".into(), Tone::Dim),
-            None if self.sig_present => (
-                format!("{sig_name} present — a run checks it (§8.2)"),
-                Tone::Plain,
-            ),
-            None => (
-                format!("unsigned — no {sig_name} beside the file"),
+        if self.grouped() && self.chains.iter().all(Chain::unsigned) {
+            // One line for the common case; a signed set gets a line per shard.
+            v.push(Note::new(
+                "signature",
+                format!("unsigned — no .sig beside any of the {n} shard files"),
                 Tone::Dim,
-            ),
-        };
-        v.push(Note::new("signature", text, tone));
+            ));
+        } else {
+            for (s, c) in self.chains.iter().enumerate() {
+                let (text, tone) = self.signature_note(c);
+                let (label, text) = if self.grouped() {
+                    let label = if s == 0 { "signature" } else { "" };
+                    (label, format!("{}: {text}", self.shard_label(s)))
+                } else {
+                    ("signature", text)
+                };
+                v.push(Note::new(label, text, tone));
+            }
+        }
         let keys = match self.trusted.keys.len() {
             0 => format!("none — set {TRUSTED_KEYS_ENV}=hex[,hex…] to name signers you trust"),
             n => format!("{n} from {TRUSTED_KEYS_ENV}"),
@@ -728,11 +1037,21 @@ impl IntegrityState {
         v
     }
 
-    fn unchecked_links(&self) -> usize {
-        let un = |s: &Option<LinkStatus>| matches!(s, Some(LinkStatus::Unchecked { .. }));
-        let mut n = un(&self.header) as usize + un(&self.directory) as usize;
-        n += self.sections.iter().filter(|s| un(&s.status)).count();
-        n
+    /// What the signature of one file says.
+    fn signature_note(&self, c: &Chain) -> (String, Tone) {
+        let sig_name = format!("{}.sig", c.file_name);
+        match &c.sig_status {
+            Some(st) => trust_statement(st, &sig_name, self.trusted.keys.len()),
+            None if !c.has_path => ("a file in memory has no .sig beside it".into(), Tone::Dim),
+            None if c.sig_present => (
+                format!("{sig_name} present — a run checks it (§8.2)"),
+                Tone::Plain,
+            ),
+            None => (
+                format!("unsigned — no {sig_name} beside the file"),
+                Tone::Dim,
+            ),
+        }
     }
 
     fn status_line(&self, s: &Option<LinkStatus>) -> String {
@@ -743,15 +1062,50 @@ impl IntegrityState {
         }
     }
 
-    fn detail(&self, node: Node, file: &CmfFile) -> (String, Vec<(String, String)>) {
-        let env = &file.envelope;
+    fn detail(&self, at: At) -> (String, Vec<(String, String)>) {
+        let c = &self.chains[at.shard];
+        let env = &c.file.envelope;
         let range = |off: u64, len: u64| {
             format!("file 0x{off:x}..0x{:x} · {}", off + len, human_bytes(len))
         };
         let kv = |k: &str, v: String| (k.to_string(), v);
-        match node {
+        // Inside a shard group, titles say whose link it is.
+        let of = if self.grouped() {
+            format!(" · {}", self.shard_label(at.shard))
+        } else {
+            String::new()
+        };
+        match at.node {
+            Node::Shard => {
+                let status = if c.failing_count() > 0 {
+                    format!("{} failing link(s)", c.failing_count())
+                } else {
+                    match c.verified {
+                        Some(true) => "every link holds".into(),
+                        Some(false) => "the run was cancelled part-way".into(),
+                        None => self.status_line(&None),
+                    }
+                };
+                (
+                    self.shard_label(at.shard),
+                    vec![
+                        kv("file", c.file_name.clone()),
+                        kv(
+                            "tensors",
+                            format!("{} · {}", c.tensor_count, human_bytes(c.tensor_bytes)),
+                        ),
+                        kv(
+                            "chain",
+                            "its own envelope, header, directory and hashes: \
+                             a shard verifies on its own (§10)"
+                                .into(),
+                        ),
+                        kv("status", status),
+                    ],
+                )
+            }
             Node::Envelope => (
-                "envelope".into(),
+                format!("envelope{of}"),
                 vec![
                     kv(
                         "format",
@@ -778,33 +1132,35 @@ impl IntegrityState {
                 ],
             ),
             Node::Header | Node::Directory => {
-                let header = node == Node::Header;
-                let (sec, recorded, at, status) = if header {
-                    (env.header, env.header_hash, "0x70..0x78", &self.header)
+                let header = at.node == Node::Header;
+                let (sec, recorded, where_, status) = if header {
+                    (env.header, env.header_hash, "0x70..0x78", &c.header)
                 } else {
-                    (env.directory, env.dir_hash, "0x78..0x80", &self.directory)
+                    (env.directory, env.dir_hash, "0x78..0x80", &c.directory)
                 };
                 let covers = if header {
                     "the header JSON, and so the section_hashes inside it".to_string()
                 } else {
                     format!(
                         "{} records: names, dtypes, shapes, offsets and each tensor's hash",
-                        self.tensor_count
+                        c.tensor_count
                     )
                 };
                 (
-                    if header { "header" } else { "directory" }.into(),
+                    format!("{}{of}", if header { "header" } else { "directory" }),
                     vec![
                         kv("bytes", range(sec.off, sec.len)),
                         kv(
                             "recorded",
                             if recorded == 0 {
                                 format!(
-                                    "nothing: the envelope's [{at}] is 0 \
+                                    "nothing: the envelope's [{where_}] is 0 \
                                      (an older file passes unchecked)"
                                 )
                             } else {
-                                format!("{recorded:016x} in the envelope's reserved bytes [{at}]")
+                                format!(
+                                    "{recorded:016x} in the envelope's reserved bytes [{where_}]"
+                                )
                             },
                         ),
                         kv("covers", covers),
@@ -813,10 +1169,10 @@ impl IntegrityState {
                 )
             }
             Node::Section(i) => {
-                let s = &self.sections[i];
+                let s = &c.sections[i];
                 let sec = env.section(s.kind);
                 (
-                    format!("{} section", s.kind.name()),
+                    format!("{} section{of}", s.kind.name()),
                     vec![
                         kv("bytes", range(sec.off, sec.len)),
                         kv(
@@ -838,14 +1194,14 @@ impl IntegrityState {
                 )
             }
             Node::Tensors => (
-                "tensors".into(),
+                format!("tensors{of}"),
                 vec![
                     kv(
                         "tensors",
                         format!(
                             "{} · {} in the data section ({})",
-                            self.tensor_count,
-                            human_bytes(self.tensor_bytes),
+                            c.tensor_count,
+                            human_bytes(c.tensor_bytes),
                             range(env.data.off, env.data.len)
                         ),
                     ),
@@ -859,9 +1215,9 @@ impl IntegrityState {
                         "checked",
                         format!(
                             "{} of {} · {} failing{}",
-                            self.tensors_checked,
-                            self.tensor_count,
-                            self.failing.len(),
+                            c.tensors_checked,
+                            c.tensor_count,
+                            c.failing.len(),
                             if self.failing_only {
                                 " · showing failing only (f)"
                             } else {
@@ -872,12 +1228,12 @@ impl IntegrityState {
                 ],
             ),
             Node::Tensor(i) => {
-                let Some(e) = file.directory.entries.get(i) else {
+                let Some(e) = c.file.directory.entries.get(i) else {
                     return ("tensor".into(), Vec::new());
                 };
                 let start = env.data.off + e.off;
                 (
-                    format!("tensor {} of {}", i + 1, self.tensor_count),
+                    format!("tensor {} of {}{of}", i + 1, c.tensor_count),
                     vec![
                         kv(
                             "tensor",
@@ -891,18 +1247,18 @@ impl IntegrityState {
                             "recorded",
                             format!("{:016x} in its directory record", e.hash),
                         ),
-                        kv("status", self.status_line(&self.tensors[i])),
+                        kv("status", self.status_line(&c.tensors[i])),
                     ],
                 )
             }
             Node::Signature => {
-                let sig = format!("{}.sig", self.file_name);
+                let sig = format!("{}.sig", c.file_name);
                 let mut v = vec![
                     kv(
                         "file",
-                        if !self.has_path {
+                        if !c.has_path {
                             "none: the file is in memory".into()
-                        } else if self.sig_present {
+                        } else if c.sig_present {
                             format!("{sig} beside the model")
                         } else {
                             format!("no {sig} beside the model (not an error, §8.2)")
@@ -913,9 +1269,9 @@ impl IntegrityState {
                         "Ed25519 over the file's SHA-256: who signed, if you trust the key".into(),
                     ),
                 ];
-                match self.sig_status() {
+                match &c.sig_status {
                     Some(st) => v.push(kv("result", st.describe())),
-                    None => v.push(kv("result", self.status_line(&self.signature))),
+                    None => v.push(kv("result", self.status_line(&c.signature))),
                 }
                 (format!("signature {sig}"), v)
             }
@@ -925,15 +1281,7 @@ impl IntegrityState {
     // ---- running ---------------------------------------------------------------------
 
     fn reset_results(&mut self) {
-        self.header = None;
-        self.directory = None;
-        for s in &mut self.sections {
-            s.status = None;
-        }
-        self.tensors.iter_mut().for_each(|t| *t = None);
-        self.tensors_checked = 0;
-        self.failing.clear();
-        self.signature = None;
+        self.chains.iter_mut().for_each(Chain::reset);
         self.failing_only = false;
         self.clamp_cursor();
     }
@@ -956,41 +1304,26 @@ impl IntegrityState {
             tensors_total: self.tensor_count,
             bytes_total: self.tensor_bytes,
             bytes_done: 0,
+            shard: 0,
             cancel_requested: false,
             elapsed: None,
             report: None,
         });
         self.phase = Phase::Running;
-        let file = Arc::clone(ctx.file);
+        let files: Vec<Arc<CmfFile>> = self.chains.iter().map(|c| Arc::clone(&c.file)).collect();
         let trusted = self.trusted.keys.clone();
         ctx.jobs.spawn(JobKind::Verify, move |cancel, report| {
-            run_verify(&file, trusted, cancel, report, &finish)
+            run_verify(&files, trusted, cancel, report, &finish)
         });
     }
 
-    fn apply(&mut self, l: &LinkResult) {
-        let status = Some(l.status.clone());
-        match self.node_of_link(&l.link) {
-            Some(Node::Header) => self.header = status,
-            Some(Node::Directory) => self.directory = status,
-            Some(Node::Section(i)) => self.sections[i].status = status,
-            Some(Node::Tensor(i)) => {
-                if self.tensors[i].is_none() {
-                    self.tensors_checked += 1;
-                }
-                if l.status.is_failure() {
-                    if let Err(at) = self.failing.binary_search(&i) {
-                        self.failing.insert(at, i);
-                    }
-                }
-                self.tensors[i] = status;
-            }
-            Some(Node::Signature) => self.signature = status,
-            _ => {}
+    fn apply(&mut self, shard: usize, l: &LinkResult) {
+        if let Some(c) = self.chains.get_mut(shard) {
+            c.apply(l);
         }
     }
 
-    fn finish(&mut self, report: &Arc<VerifyReport>) {
+    fn finish(&mut self, report: &Arc<SetReport>) {
         let Some(run) = &mut self.run else { return };
         let mine = run
             .finish
@@ -1005,18 +1338,28 @@ impl IntegrityState {
         };
         run.elapsed = Some(elapsed);
         run.report = Some(report.clone());
-        run.bytes_done = report.bytes_hashed;
+        run.bytes_done = report.bytes_hashed();
         // The report is the whole truth: rebuild from it rather than trust what streamed in.
         let keep = self.node_at(self.selected);
         let failing_only = self.failing_only;
         self.reset_results();
         self.failing_only = failing_only;
-        for l in &report.links {
-            self.apply(l);
+        for (s, r) in report.shards.iter().enumerate() {
+            for l in &r.links {
+                self.apply(s, l);
+            }
+            if let Some(c) = self.chains.get_mut(s) {
+                c.sig_status = r.signature.clone();
+                c.verified = Some(r.ok);
+            }
         }
         self.phase = Phase::Done;
-        if !self.failing.is_empty() {
-            self.expanded = true;
+        // Failing tensors show themselves, in their (opened) shard.
+        for (s, c) in self.chains.iter_mut().enumerate() {
+            if !c.failing.is_empty() {
+                c.expanded = true;
+                self.open[s] = true;
+            }
         }
         self.selected = match self.first_broken() {
             Some(n) => self.row_of(n).unwrap_or(0),
@@ -1036,7 +1379,7 @@ impl IntegrityState {
             // Our run sent its last report: the job is over.
             ctx.jobs.finished(JobKind::Verify);
         }
-        let verdict_lines = self.verdict(ctx.file).len();
+        let verdict_lines = self.verdict().len();
         let page = view::tree_capacity(ctx.body, verdict_lines);
         let last = self.total_rows().saturating_sub(1);
         match a {
@@ -1059,7 +1402,8 @@ impl IntegrityState {
             Action::Click(x, y) => {
                 let offset = view::window_offset(self.offset, self.selected, last + 1, page);
                 if let Some(i) = view::row_at(ctx.body, verdict_lines, offset, last + 1, *x, *y) {
-                    if i == self.selected && self.node_at(i) == Some(Node::Tensors) {
+                    let node = self.node_at(i).map(|at| at.node);
+                    if i == self.selected && matches!(node, Some(Node::Tensors | Node::Shard)) {
                         self.expand_or_collapse(&Action::Enter);
                     } else {
                         self.selected = i;
@@ -1069,43 +1413,77 @@ impl IntegrityState {
             _ => {}
         }
         self.clamp_cursor();
-        let verdict_lines = self.verdict(ctx.file).len();
+        let verdict_lines = self.verdict().len();
         let page = view::tree_capacity(ctx.body, verdict_lines);
         self.offset = view::window_offset(self.offset, self.selected, self.total_rows(), page);
     }
 
     fn expand_or_collapse(&mut self, a: &Action) {
-        match self.node_at(self.selected) {
-            Some(Node::Tensors) => {
-                let open = match a {
-                    Action::Right => true,
-                    Action::Left => false,
-                    _ => !self.expanded,
-                };
-                if open && self.expanded && matches!(a, Action::Right) && self.children() > 0 {
+        let Some(at) = self.node_at(self.selected) else {
+            return;
+        };
+        let want = |open: bool| match a {
+            Action::Right => true,
+            Action::Left => false,
+            _ => !open,
+        };
+        let parent = match at.node {
+            Node::Shard => {
+                let open = want(self.open[at.shard]);
+                if open && self.open[at.shard] && matches!(a, Action::Right) {
                     // Right on an open node steps into it.
                     self.selected += 1;
                 }
-                self.expanded = open;
+                self.open[at.shard] = open;
+                return;
             }
-            Some(Node::Tensor(_)) if matches!(a, Action::Left) => {
-                self.selected = self.tensors_row();
+            Node::Tensors => {
+                let fo = self.failing_only;
+                let c = &mut self.chains[at.shard];
+                let open = want(c.expanded);
+                if open && c.expanded && matches!(a, Action::Right) && c.children(fo) > 0 {
+                    self.selected += 1;
+                    return;
+                }
+                if c.expanded || open {
+                    c.expanded = open;
+                    return;
+                }
+                // Left on a closed node: to its shard, as from a leaf.
+                Node::Shard
             }
-            _ => {}
+            Node::Tensor(_) => Node::Tensors,
+            _ => Node::Shard,
+        };
+        if matches!(a, Action::Left) {
+            if let Some(r) = self.row_of(At::new(at.shard, parent)) {
+                self.selected = r;
+            }
         }
     }
 
     fn toggle_failing_only(&mut self, ctx: &mut Ctx) {
-        if !self.failing_only && self.failing.is_empty() {
+        if !self.failing_only && !self.any_failing_tensor() {
             *ctx.flash = Some("no failing tensors to list".into());
             return;
         }
         let keep = self.node_at(self.selected);
         self.failing_only = !self.failing_only;
-        self.expanded = true;
+        for (s, c) in self.chains.iter_mut().enumerate() {
+            if !c.failing.is_empty() {
+                c.expanded = true;
+                self.open[s] = true;
+            }
+        }
+        let first_tensors = self
+            .chains
+            .iter()
+            .position(|c| !c.failing.is_empty())
+            .unwrap_or(0);
         self.selected = keep
             .and_then(|n| self.row_of(n))
-            .unwrap_or_else(|| self.tensors_row());
+            .or_else(|| self.row_of(At::new(first_tensors, Node::Tensors)))
+            .unwrap_or(0);
     }
 
     pub fn on_job(&mut self, r: &JobReport) {
@@ -1119,7 +1497,12 @@ impl IntegrityState {
                     run.bytes_total = *bytes;
                 }
             }
-            JobReport::VerifyLink(l) => self.apply(l),
+            JobReport::VerifyLink { shard, link } => {
+                if let Some(run) = &mut self.run {
+                    run.shard = *shard;
+                }
+                self.apply(*shard, link)
+            }
             JobReport::VerifyProgress { done, total } => {
                 if let Some(run) = &mut self.run {
                     run.bytes_done = (*done).min(*total);
@@ -1140,23 +1523,32 @@ impl IntegrityState {
         let frac = if run.bytes_total > 0 {
             run.bytes_done as f64 / run.bytes_total as f64
         } else if run.tensors_total > 0 {
-            self.tensors_checked as f64 / run.tensors_total as f64
+            self.tensors_checked() as f64 / run.tensors_total as f64
         } else {
             0.0
         };
-        Some(("verify".into(), frac.clamp(0.0, 1.0)))
+        let label = if self.grouped() {
+            format!("verify {}/{}", run.shard + 1, self.chains.len())
+        } else {
+            "verify".into()
+        };
+        Some((label, frac.clamp(0.0, 1.0)))
     }
 
+    /// `_file` is the primary shard; the run covers every shard.
     pub fn status(&self, _file: &CmfFile) -> (String, String) {
         let hint = "v verify · c cancel · Enter expand · f failing only".to_string();
         let run = self.run.as_ref();
+        let checked = self.tensors_checked();
+        let shards = if self.grouped() {
+            format!(" in {} shards", self.chains.len())
+        } else {
+            String::new()
+        };
         let status = match self.phase {
             Phase::Idle => "not verified yet".to_string(),
             Phase::Running if run.is_some_and(|r| r.cancel_requested) => "cancelling…".into(),
-            Phase::Running => format!(
-                "verifying… {}/{} tensors",
-                self.tensors_checked, self.tensor_count
-            ),
+            Phase::Running => format!("verifying… {checked}/{} tensors", self.tensor_count),
             Phase::Done => {
                 let time = run
                     .and_then(|r| r.elapsed)
@@ -1164,16 +1556,15 @@ impl IntegrityState {
                     .unwrap_or_default();
                 if self.cancelled() {
                     format!(
-                        "verify cancelled after {} of {} tensors",
-                        self.tensors_checked, self.tensor_count
+                        "verify cancelled after {checked} of {} tensors",
+                        self.tensor_count
                     )
-                } else if run.and_then(|r| r.report.as_ref()).is_some_and(|r| r.ok) {
-                    format!("verified {} tensors{time} · OK", self.tensors_checked)
+                } else if self.report().is_some_and(|r| r.ok) {
+                    format!("verified {checked} tensors{shards}{time} · OK")
                 } else {
-                    let n = self.failing_links_count();
+                    let n: usize = self.chains.iter().map(Chain::failing_count).sum();
                     format!(
-                        "verified {} tensors{time} · FAILED ({n} failing link{})",
-                        self.tensors_checked,
+                        "verified {checked} tensors{shards}{time} · FAILED ({n} failing link{})",
                         if n == 1 { "" } else { "s" }
                     )
                 }
@@ -1182,17 +1573,8 @@ impl IntegrityState {
         (status, hint)
     }
 
-    fn failing_links_count(&self) -> usize {
-        let f = |s: &Option<LinkStatus>| s.as_ref().is_some_and(LinkStatus::is_failure) as usize;
-        f(&self.header)
-            + f(&self.directory)
-            + self.sections.iter().map(|s| f(&s.status)).sum::<usize>()
-            + self.failing.len()
-            + f(&self.signature)
-    }
-
-    pub fn render(&self, f: &mut Frame, area: Rect, file: &CmfFile, theme: &Theme) {
-        let verdict = self.verdict(file);
+    pub fn render(&self, f: &mut Frame, area: Rect, _file: &CmfFile, theme: &Theme) {
+        let verdict = self.verdict();
         let total = self.total_rows();
         let capacity = view::tree_capacity(area, verdict.len());
         let offset = view::window_offset(self.offset, self.selected, total, capacity);
@@ -1200,28 +1582,40 @@ impl IntegrityState {
         // Only the visible window becomes rows: the tensor list may be 10⁵ long.
         let rows: Vec<ChainRow> = (offset..total.min(offset + capacity))
             .filter_map(|i| {
-                let node = self.node_at(i)?;
-                let mut r = self.row(node, file);
-                r.first_broken = self.phase == Phase::Done && Some(node) == first;
+                let at = self.node_at(i)?;
+                let mut r = self.row(at);
+                r.first_broken = self.phase == Phase::Done && Some(at) == first;
                 Some(r)
             })
             .collect();
         let (title, detail) = self
             .node_at(self.selected)
-            .map(|n| self.detail(n, file))
+            .map(|n| self.detail(n))
             .unwrap_or_default();
+        // Names with their indent: a shard's chain sits one level (2 columns) deeper.
+        let indent = 2 * usize::from(self.grouped());
         let top = self
-            .sections
+            .chains
             .iter()
+            .flat_map(|c| c.sections.iter())
             .map(|s| s.kind.name().len() + " section".len())
             .chain(["directory".len()])
             .max()
-            .unwrap_or(0);
-        let name_width = if self.expanded && self.children() > 0 {
-            top.max(2 + self.widest_tensor_name)
+            .unwrap_or(0)
+            + indent;
+        let top = if self.grouped() {
+            top.max(self.shard_label(self.chains.len() - 1).len())
         } else {
             top
         };
+        let listed = self
+            .chains
+            .iter()
+            .enumerate()
+            .filter(|(s, c)| self.open[*s] && c.children(self.failing_only) > 0)
+            .map(|(_, c)| indent + 2 + c.widest_tensor_name)
+            .max();
+        let name_width = top.max(listed.unwrap_or(0));
         let vm = IntegrityVm {
             verdict: &verdict,
             rows: &rows,
@@ -1260,78 +1654,103 @@ impl ProgressThrottle {
     }
 }
 
-/// The worker: runs `verify` on a scoped thread (its event callback must be `Sync`, the
-/// job's report function is not) and forwards events from there, progress throttled.
+/// The worker: verifies every file of the model in turn (§10: each shard has its own
+/// chain). Each runs `verify` on a scoped thread (its event callback must be `Sync`, the
+/// job's report function is not) and forwards events from there, links tagged with their
+/// shard, progress over the whole set and throttled.
 fn run_verify(
-    file: &CmfFile,
+    files: &[Arc<CmfFile>],
     trusted_keys: Vec<[u8; 32]>,
     cancel: &AtomicBool,
     report: &dyn Fn(JobReport),
     finish: &Finish,
 ) {
     let start = Instant::now();
-    let (tx, rx) = mpsc::channel::<VerifyEvent>();
-    let outcome = std::thread::scope(|s| {
-        let hashing = s.spawn(move || {
-            let opts = VerifyOptions {
-                payload_check: Some(quant::payload_check),
-                signature: true,
-                trusted_keys,
-                cancel: Some(cancel),
-            };
-            verify(file, &opts, &|ev| {
-                // The receiver lives until this thread ends.
-                let _ = tx.send(ev);
-                // An answer streaming in the chat has the cores: hashing waits for it.
-                cortiq_engine::exec::yield_to_foreground(&|| {
-                    cancel.load(std::sync::atomic::Ordering::Relaxed)
-                });
-            })
-        });
-        let mut throttle = ProgressThrottle {
-            last_done: 0,
-            last_at: start,
-        };
-        for ev in rx {
-            match ev {
-                VerifyEvent::Started {
-                    tensors,
-                    tensor_bytes,
-                } => report(JobReport::VerifyStarted {
-                    tensors,
-                    bytes: tensor_bytes,
-                }),
-                VerifyEvent::Checked(l) => report(JobReport::VerifyLink(l)),
-                VerifyEvent::Progress {
-                    bytes_done,
-                    bytes_total,
-                } => {
-                    if throttle.admit(bytes_done, bytes_total, Instant::now()) {
-                        report(JobReport::VerifyProgress {
-                            done: bytes_done,
-                            total: bytes_total,
-                        });
+    let cancelled = || cancel.load(std::sync::atomic::Ordering::Relaxed);
+    let bytes_total: u64 = files
+        .iter()
+        .flat_map(|f| f.directory.iter())
+        .map(|e| e.nbytes)
+        .sum();
+    report(JobReport::VerifyStarted {
+        tensors: files.iter().map(|f| f.directory.len()).sum(),
+        bytes: bytes_total,
+    });
+    let mut throttle = ProgressThrottle {
+        last_done: 0,
+        last_at: start,
+    };
+    let mut reports = Vec::with_capacity(files.len());
+    // Bytes hashed in the shards before the current one.
+    let mut base = 0u64;
+    for (shard, file) in files.iter().enumerate() {
+        if shard > 0 && cancelled() {
+            break;
+        }
+        let (tx, rx) = mpsc::channel::<VerifyEvent>();
+        let trusted_keys = trusted_keys.clone();
+        let outcome = std::thread::scope(|s| {
+            let hashing = s.spawn(move || {
+                let opts = VerifyOptions {
+                    payload_check: Some(quant::payload_check),
+                    signature: true,
+                    trusted_keys,
+                    cancel: Some(cancel),
+                };
+                verify(file, &opts, &|ev| {
+                    // The receiver lives until this thread ends.
+                    let _ = tx.send(ev);
+                    // An answer streaming in the chat has the cores: hashing waits for it.
+                    cortiq_engine::exec::yield_to_foreground(&cancelled);
+                })
+            });
+            for ev in rx {
+                match ev {
+                    // The run announced the whole set's totals.
+                    VerifyEvent::Started { .. } | VerifyEvent::Finished => {}
+                    VerifyEvent::Checked(link) => report(JobReport::VerifyLink { shard, link }),
+                    VerifyEvent::Progress { bytes_done, .. } => {
+                        let done = base + bytes_done;
+                        if throttle.admit(done, bytes_total, Instant::now()) {
+                            report(JobReport::VerifyProgress {
+                                done,
+                                total: bytes_total,
+                            });
+                        }
                     }
                 }
-                VerifyEvent::Finished => {}
             }
+            hashing.join()
+        });
+        let panicked = outcome.is_err();
+        let result = outcome.unwrap_or_else(|_| {
+            log::error!("verify worker panicked on shard {}", shard + 1);
+            VerifyReport {
+                ok: false,
+                cancelled: false,
+                first_failure: None,
+                failures: Vec::new(),
+                links: Vec::new(),
+                signature: None,
+                tensors_checked: 0,
+                bytes_hashed: 0,
+            }
+        });
+        base += result.bytes_hashed;
+        // A failed shard does not stop the run (every failure is worth seeing); a
+        // cancelled or broken-off one does.
+        let stop = result.cancelled || panicked;
+        reports.push(result);
+        if stop {
+            break;
         }
-        hashing.join()
+    }
+    let was_cancelled = cancelled() || reports.iter().any(|r| r.cancelled);
+    let result = Arc::new(SetReport {
+        ok: !was_cancelled && reports.len() == files.len() && reports.iter().all(|r| r.ok),
+        cancelled: was_cancelled,
+        shards: reports,
     });
-    let result = outcome.unwrap_or_else(|_| {
-        log::error!("verify worker panicked");
-        VerifyReport {
-            ok: false,
-            cancelled: false,
-            first_failure: None,
-            failures: Vec::new(),
-            links: Vec::new(),
-            signature: None,
-            tensors_checked: 0,
-            bytes_hashed: 0,
-        }
-    });
-    let result = Arc::new(result);
     *finish.lock().unwrap_or_else(|e| e.into_inner()) = Some((start.elapsed(), result.clone()));
     report(JobReport::VerifyDone(result));
 }
@@ -1347,7 +1766,7 @@ mod tests {
     use super::super::jobs::JobReport;
     use super::super::testing::{fixture, Harness};
     use super::super::{Action, App, Screen};
-    use super::{IntegrityState, Phase, TrustedKeys};
+    use super::{At, IntegrityState, Node, Phase, TrustedKeys};
 
     fn state(app: &App) -> &IntegrityState {
         match &app.screen {
@@ -1483,8 +1902,9 @@ mod tests {
         let screen = h.render();
         insta::assert_snapshot!("integrity_failed", screen);
         let st = state(&h.app);
-        let report = st.run.as_ref().unwrap().report.clone().unwrap();
-        assert!(!report.ok && !report.cancelled);
+        let set = st.run.as_ref().unwrap().report.clone().unwrap();
+        assert!(!set.ok && !set.cancelled);
+        let report = &set.shards[0];
         assert_eq!(
             report.first_failure.as_ref().map(|f| &f.link),
             Some(&Link::Section {
@@ -1513,8 +1933,14 @@ mod tests {
             .find(|l| l.contains("vocab section") && l.contains("✗ FAILED"))
             .expect("vocab row");
         assert!(vocab_row.contains("» "), "{vocab_row}");
-        assert_eq!(st.selected, st.row_of(super::Node::Section(0)).unwrap());
-        assert!(st.expanded, "failing tensors expand the tensors node");
+        assert_eq!(
+            st.selected,
+            st.row_of(At::new(0, Node::Section(0))).unwrap()
+        );
+        assert!(
+            st.chains[0].expanded,
+            "failing tensors expand the tensors node"
+        );
         assert!(
             screen.contains(" vocab section "),
             "details of the selection\n{screen}"
@@ -1555,7 +1981,11 @@ mod tests {
         let st = state(&h.app);
         let report = st.run.as_ref().unwrap().report.clone().unwrap();
         assert!(report.cancelled && !report.ok);
-        assert!(report.tensors_checked < 56, "{}", report.tensors_checked);
+        assert!(
+            report.tensors_checked() < 56,
+            "{}",
+            report.tensors_checked()
+        );
         let screen = h.render();
         assert!(screen.contains("cancelled after"), "{screen}");
         assert!(
@@ -1564,15 +1994,15 @@ mod tests {
         );
         // A new run starts from a clean tree and finishes.
         h.act(Action::Verify);
-        assert_eq!(state(&h.app).tensors_checked, 0);
+        assert_eq!(state(&h.app).tensors_checked(), 0);
         assert!(
             h.render().contains("· pending"),
             "re-running resets the tree"
         );
         h.pump_until("second run done", done);
         let report = state(&h.app).run.as_ref().unwrap().report.clone().unwrap();
-        assert!(report.ok, "{:?}", report.first_failure);
-        assert_eq!(report.tensors_checked, 56);
+        assert!(report.ok, "{:?}", report.shards[0].first_failure);
+        assert_eq!(report.tensors_checked(), 56);
     }
 
     #[test]
@@ -1586,7 +2016,7 @@ mod tests {
                     .expect("a report within 20 s");
             let header_link = matches!(
                 &a,
-                Action::Job(JobReport::VerifyLink(l)) if l.link == Link::Header
+                Action::Job(JobReport::VerifyLink { link, .. }) if link.link == Link::Header
             );
             h.app.update(a);
             if header_link {
@@ -1634,7 +2064,7 @@ mod tests {
                             assert!((0.0..=1.0).contains(&frac));
                         }
                     }
-                    JobReport::VerifyLink(_) => links += 1,
+                    JobReport::VerifyLink { .. } => links += 1,
                     _ => {}
                 }
             }
@@ -1647,7 +2077,7 @@ mod tests {
             "{progress} progress reports in {ms} ms"
         );
         let report = state(&h.app).run.as_ref().unwrap().report.clone().unwrap();
-        assert_eq!(last, report.bytes_hashed, "the last report is the total");
+        assert_eq!(last, report.bytes_hashed(), "the last report is the total");
     }
 
     #[test]
@@ -1713,7 +2143,7 @@ mod tests {
             .position(|l| l.contains("▸ tensors"))
             .expect("tensors row") as u16;
         h.act(Action::Click(10, y)).act(Action::Click(10, y));
-        assert!(state(&h.app).expanded);
+        assert!(state(&h.app).chains[0].expanded);
         // f with nothing failing says so instead of emptying the list.
         h.act(Action::Cycle);
         assert!(h.render().contains("no failing tensors"), "{}", h.render());
@@ -1819,5 +2249,155 @@ mod tests {
             "{screen}"
         );
         assert!(screen.contains("evil\\u{1b}[2J\\u{7}.weight"), "{screen}");
+    }
+
+    // --- a sharded model ------------------------------------------------------------
+
+    #[test]
+    fn a_sharded_model_verifies_every_shard_in_turn() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = super::super::testing::sharded_fixture(dir.path());
+        let mut h = open(&paths[1]);
+        let screen = h.render();
+        assert!(
+            screen.contains("v hashes each of the 3 shards' chains in turn (135 tensors"),
+            "{screen}"
+        );
+        for k in 1..=3 {
+            assert!(screen.contains(&format!("▾ shard {k}/3")), "{screen}");
+        }
+        run_to_end(&mut h);
+        let screen = h.render();
+        insta::assert_snapshot!("integrity_sharded_ok", screen);
+        let report = state(&h.app).run.as_ref().unwrap().report.clone().unwrap();
+        assert!(report.ok && !report.cancelled);
+        assert_eq!(report.shards.len(), 3);
+        assert_eq!(report.tensors_checked(), 135);
+        for (k, r) in report.shards.iter().enumerate() {
+            let f = CmfFile::open(&paths[k]).unwrap();
+            assert_eq!(r.tensors_checked, f.directory.len(), "shard {}", k + 1);
+        }
+        assert!(
+            screen.contains("OK — every link of the chain holds in all 3 shards"),
+            "{screen}"
+        );
+        assert!(
+            status_line(&screen).contains("verified 135 tensors in 3 shards in 2.5 ms · OK"),
+            "{screen}"
+        );
+        let rows = screen
+            .lines()
+            .filter(|l| l.contains("shard ") && l.contains("every link holds"))
+            .count();
+        assert_eq!(rows, 3, "{screen}");
+        // Left from inside a shard's chain goes to its row; Enter there folds it.
+        let st = state(&h.app);
+        let header2 = st.row_of(At::new(1, Node::Header)).unwrap();
+        state_mut(&mut h).selected = header2;
+        h.act(Action::Left);
+        assert_eq!(
+            state(&h.app).node_at(state(&h.app).selected),
+            Some(At::new(1, Node::Shard))
+        );
+        let before = state(&h.app).total_rows();
+        h.act(Action::Enter);
+        assert!(state(&h.app).total_rows() < before);
+        assert!(h.render().contains("▸ shard 2/3"));
+    }
+
+    #[test]
+    fn a_corrupt_byte_in_shard_2_fails_naming_that_shards_tensor() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = super::super::testing::sharded_fixture(dir.path());
+        let second = CmfFile::open(&paths[1]).unwrap();
+        let e = second.directory.entries[7].clone();
+        let mut bytes = std::fs::read(&paths[1]).unwrap();
+        bytes[(second.envelope.data.off + e.off + e.nbytes / 2) as usize] ^= 0x5a;
+        drop(second);
+        std::fs::write(&paths[1], bytes).unwrap();
+        // Opened by the name of shard 3.
+        let mut h = open(&paths[2]);
+        run_to_end(&mut h);
+        let screen = h.render();
+        insta::assert_snapshot!("integrity_sharded_failed", screen);
+        let report = state(&h.app).run.as_ref().unwrap().report.clone().unwrap();
+        assert!(!report.ok && !report.cancelled);
+        assert_eq!(report.shards.len(), 3, "a failure does not stop the run");
+        assert!(report.shards[0].ok && report.shards[2].ok);
+        let failing: Vec<&Link> = report.shards[1].failures.iter().map(|l| &l.link).collect();
+        assert_eq!(
+            failing,
+            [&Link::Tensor {
+                index: 7,
+                name: e.name.clone()
+            }]
+        );
+        let what = format!("FAILED: first broken link: tensor {} in shard 2/3", e.name);
+        assert!(screen.contains(&what), "{screen}");
+        // Cut on this screen: the whole line ends with the file.
+        let verdict = &state(&h.app).verdict()[0].text;
+        assert!(
+            verdict.ends_with(" (1 failing link) — moe-00002-of-00003.cmf"),
+            "{verdict}"
+        );
+        assert!(
+            screen.contains(&format!("shard 2/3: tensor {} — recorded", e.name)),
+            "{screen}"
+        );
+        // The cursor is on the broken tensor, inside shard 2's opened chain.
+        let st = state(&h.app);
+        assert_eq!(st.node_at(st.selected), Some(At::new(1, Node::Tensor(7))));
+        assert!(st.chains[1].expanded && !st.chains[0].expanded);
+        let row = screen
+            .lines()
+            .find(|l| l.contains(&e.name) && l.contains("✗ FAILED"))
+            .expect("the tensor's row");
+        assert!(row.contains("» "), "{row}");
+        assert!(
+            screen.contains(&format!(
+                "tensor 8 of {} · shard 2/3",
+                st.chains[1].tensor_count
+            )),
+            "details name the shard\n{screen}"
+        );
+        assert!(
+            status_line(&screen).contains("FAILED (1 failing link)"),
+            "{screen}"
+        );
+        // f lists only the failing tensor, in its shard.
+        h.act(Action::Cycle);
+        let st = state(&h.app);
+        assert_eq!(st.chains[1].children(true), 1);
+        assert_eq!(st.node_at(st.selected), Some(At::new(1, Node::Tensor(7))));
+    }
+
+    #[test]
+    fn a_cancelled_run_over_shards_stops_before_the_next_shard() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = super::super::testing::sharded_fixture(dir.path());
+        let mut h = open(&paths[0]);
+        // Hold the worker at its start so that the cancel lands before any hashing.
+        let gate = h.app.jobs.gate();
+        let held = gate.write().unwrap();
+        h.act(Action::Verify).act(Action::Cancel);
+        drop(held);
+        h.pump_until("cancelled run done", done);
+        let report = state(&h.app).run.as_ref().unwrap().report.clone().unwrap();
+        assert!(report.cancelled && !report.ok);
+        assert_eq!(report.shards.len(), 1, "shards 2 and 3 were not started");
+        let screen = h.render();
+        assert!(
+            screen.contains("cancelled after 0 of 135 tensors"),
+            "{screen}"
+        );
+        let skipped = screen
+            .lines()
+            .filter(|l| l.contains("▾ shard ") && l.contains("○ skipped"))
+            .count();
+        assert_eq!(skipped, 3, "{screen}");
+        assert!(
+            screen.contains("moe-00002-of-00003.cmf · 66 tensors · 127.4 KiB · not checked: the run was cancelled"),
+            "{screen}"
+        );
     }
 }

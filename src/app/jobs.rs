@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, RwLock};
 
-use cortiq_engine::format::verify::{LinkResult, VerifyReport};
+use cortiq_engine::format::verify::LinkResult;
 use cortiq_engine::stats::TensorStats;
 
 use super::Action;
@@ -25,12 +25,17 @@ pub enum JobReport {
         tensors: usize,
         bytes: u64,
     },
-    VerifyLink(LinkResult),
+    /// A link of shard `shard`'s chain (0 for a single file).
+    VerifyLink {
+        shard: usize,
+        link: LinkResult,
+    },
     VerifyProgress {
         done: u64,
         total: u64,
     },
-    VerifyDone(Arc<VerifyReport>),
+    /// The whole run: every shard verified, in order.
+    VerifyDone(Arc<super::integrity::SetReport>),
     /// The chat worker's reports.
     Chat(super::chat_worker::ChatReport),
 }

@@ -27,7 +27,7 @@ pub mod view;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use cortiq_engine::format::CmfFile;
+use cortiq_engine::format::{CmfFile, CmfModel};
 use cortiq_views::chrome::{self, ChromeVm, ErrorVm, HelpVm, PickerVm};
 use cortiq_views::Theme;
 use ratatui::layout::Rect;
@@ -137,7 +137,11 @@ pub enum Screen {
 
 /// An open model and the state of each view.
 pub struct ModelScreen {
+    /// Shard 1 of a sharded model (§10), or the file: what lives there (header, masks,
+    /// vocab, skills) is read from it.
     pub file: Arc<CmfFile>,
+    /// Every shard, with the merged directory (a single file is a set of one).
+    pub model: Arc<CmfModel>,
     pub tab: Tab,
     pub overview: overview::OverviewState,
     /// Built on the first visit: indexing 10⁵ names should not delay the first frame.
@@ -259,12 +263,15 @@ impl App {
         log::info!("open {}", path.display());
         let t0 = std::time::Instant::now();
         let ms = |t: std::time::Instant| t.elapsed().as_secs_f64() * 1e3;
-        self.screen = match CmfFile::open(&path) {
-            Ok(f) => {
-                let file = Arc::new(f);
+        // Any shard's name opens the whole set; a missing or inconsistent sibling is an
+        // error of the set, shown as such.
+        self.screen = match CmfModel::open(&path) {
+            Ok(m) => {
+                let model = Arc::new(m);
+                let file = Arc::clone(&model.shards[0]);
                 let t_open = ms(t0);
                 let t = std::time::Instant::now();
-                let overview = overview::OverviewState::new(&file);
+                let overview = overview::OverviewState::new(&model);
                 let t_overview = ms(t);
                 let t = std::time::Instant::now();
                 let (masks, skills) = (
@@ -273,10 +280,11 @@ impl App {
                 );
                 let t_masks = ms(t);
                 let t = std::time::Instant::now();
-                let integrity = integrity::IntegrityState::new(&file);
+                let integrity = integrity::IntegrityState::new(&model);
                 log::info!(
-                    "opened {} tensors: file {t_open:.1} ms, overview {t_overview:.1}, masks+skills {t_masks:.1}, integrity {:.1}",
-                    file.directory.len(),
+                    "opened {} tensors in {} file(s): {t_open:.1} ms, overview {t_overview:.1}, masks+skills {t_masks:.1}, integrity {:.1}",
+                    model.tensor_count(),
+                    model.shards.len(),
                     ms(t)
                 );
                 let mut screen = Box::new(ModelScreen {
@@ -288,6 +296,7 @@ impl App {
                     integrity,
                     chat: None,
                     file,
+                    model,
                 });
                 if screen.tab == Tab::Chat {
                     App::ensure_chat(&mut screen, &self.chat_tx, &mut self.start);
@@ -401,7 +410,7 @@ impl App {
                     }
                 }
                 if m.tab == Tab::Tensors && m.tensors.is_none() {
-                    m.tensors = Some(tensors::TensorsState::new(&m.file));
+                    m.tensors = Some(tensors::TensorsState::new(&m.model));
                 }
                 if m.tab == Tab::Chat {
                     App::ensure_chat(m, &self.chat_tx, &mut self.start);

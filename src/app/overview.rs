@@ -1,11 +1,13 @@
 //! State of the Overview: the header tree's expansion and cursor, the template popup, and
-//! the facts computed once when the file opens (directory totals; no tensor byte read).
+//! the facts computed once when the file opens (directory totals over every shard of a
+//! sharded model; no tensor byte read). The header, layout, tokenizer and masks are shard
+//! 1's, where §10 puts them.
 
 use std::collections::{BTreeMap, HashSet};
 
 use cortiq_engine::format::directory::layer_of;
-use cortiq_engine::format::{feature, CmfFile, SectionKind};
-use cortiq_views::overview::{self, DtypeRow, OverviewVm, Segment, TreeRow};
+use cortiq_engine::format::{feature, CmfFile, CmfModel, SectionKind, TensorEntry};
+use cortiq_views::overview::{self, DtypeRow, OverviewVm, Segment, ShardRow, TreeRow};
 use cortiq_views::util::{group_digits, human_bytes};
 use cortiq_views::Theme;
 use ratatui::layout::Rect;
@@ -57,6 +59,13 @@ pub struct OverviewState {
     template_scroll: Option<u16>,
     facts: Vec<(String, String)>,
     segments: Vec<Segment>,
+    /// Empty for a single file.
+    shards: Vec<ShardRow>,
+    /// Over the merged set (the status line).
+    tensor_count: usize,
+    total_bytes: u64,
+    /// Every shard's, each named after the first.
+    warnings: Vec<String>,
     dtypes: Vec<DtypeRow>,
     per_layer: Vec<(String, u64)>,
     tokenizer: Vec<(String, String)>,
@@ -99,21 +108,27 @@ fn is_container(v: &Value) -> bool {
 }
 
 impl OverviewState {
-    pub fn new(file: &CmfFile) -> OverviewState {
+    pub fn new(model: &CmfModel) -> OverviewState {
+        let file = model.primary();
         let mut expanded = HashSet::new();
         expanded.insert("arch".to_string());
+        let tensors = || model.tensors().map(|(_, e)| e);
         let mut s = OverviewState {
             expanded,
             rows: Vec::new(),
             selected: 0,
             offset: 0,
             template_scroll: None,
-            facts: facts(file),
+            facts: facts(file, tensors()),
             segments: segments(file),
-            dtypes: dtypes(file),
-            per_layer: per_layer(file),
+            shards: shards(model),
+            tensor_count: model.tensor_count(),
+            total_bytes: model.total_bytes(),
+            warnings: warnings(model),
+            dtypes: dtypes(tensors()),
+            per_layer: per_layer(tensors()),
             tokenizer: tokenizer(file),
-            extra: extra(file),
+            extra: extra(model),
         };
         s.rebuild(file);
         s
@@ -258,7 +273,7 @@ impl OverviewState {
         }
     }
 
-    pub fn status(&self, file: &CmfFile) -> (String, String) {
+    pub fn status(&self, _file: &CmfFile) -> (String, String) {
         let path = self
             .rows
             .get(self.selected)
@@ -267,8 +282,8 @@ impl OverviewState {
         (
             format!(
                 "{} tensors · {} · header {}",
-                file.directory.len(),
-                human_bytes(file.len()),
+                self.tensor_count,
+                human_bytes(self.total_bytes),
                 cortiq_views::util::esc(&path)
             ),
             "Enter expand · t template".into(),
@@ -291,21 +306,30 @@ impl OverviewState {
             facts: &self.facts,
             segments: &self.segments,
             file_len: file.len(),
+            shards: &self.shards,
             dtypes: &self.dtypes,
             per_layer: &self.per_layer,
             tokenizer: &self.tokenizer,
             extra: &self.extra,
-            warnings: &file.warnings,
+            warnings: &self.warnings,
             template,
         };
         overview::render(f, area, &vm, theme);
     }
 }
 
-fn facts(file: &CmfFile) -> Vec<(String, String)> {
+/// `tensors`: the merged directory; everything else comes from the primary `file`.
+fn facts<'a>(
+    file: &CmfFile,
+    tensors: impl Iterator<Item = &'a TensorEntry>,
+) -> Vec<(String, String)> {
     let e = &file.envelope;
-    let params: u64 = file.directory.iter().map(|t| t.numel()).sum();
-    let bytes: u64 = file.directory.iter().map(|t| t.nbytes).sum();
+    let (mut count, mut params, mut bytes) = (0u64, 0u64, 0u64);
+    for t in tensors {
+        count += 1;
+        params += t.numel();
+        bytes += t.nbytes;
+    }
     let arch = file.header.arch.as_ref();
     let mut v = vec![
         (
@@ -325,7 +349,7 @@ fn facts(file: &CmfFile) -> Vec<(String, String)> {
             "tensors".into(),
             format!(
                 "{} · {} parameters",
-                group_digits(file.directory.len() as u64),
+                group_digits(count),
                 group_digits(params)
             ),
         ),
@@ -393,9 +417,42 @@ fn segments(file: &CmfFile) -> Vec<Segment> {
     v
 }
 
-fn dtypes(file: &CmfFile) -> Vec<DtypeRow> {
+fn shards(model: &CmfModel) -> Vec<ShardRow> {
+    if model.shards.len() < 2 {
+        return Vec::new();
+    }
+    let count = model.shards.len() as u32;
+    model
+        .shards
+        .iter()
+        .enumerate()
+        .map(|(k, f)| ShardRow {
+            no: f.header.shard.map_or(k as u32 + 1, |s| s.no),
+            count: f.header.shard.map_or(count, |s| s.count),
+            file: f
+                .path
+                .as_ref()
+                .and_then(|p| p.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "(in memory)".into()),
+            tensors: f.directory.len() as u64,
+            bytes: f.directory.iter().map(|t| t.nbytes).sum(),
+            file_len: f.len(),
+        })
+        .collect()
+}
+
+fn warnings(model: &CmfModel) -> Vec<String> {
+    let mut v = model.primary().warnings.clone();
+    for (k, f) in model.shards.iter().enumerate().skip(1) {
+        v.extend(f.warnings.iter().map(|w| format!("shard {}: {w}", k + 1)));
+    }
+    v
+}
+
+fn dtypes<'a>(tensors: impl Iterator<Item = &'a TensorEntry>) -> Vec<DtypeRow> {
     let mut m: BTreeMap<u8, DtypeRow> = BTreeMap::new();
-    for t in file.directory.iter() {
+    for t in tensors {
         let r = m.entry(t.dtype.id()).or_insert_with(|| DtypeRow {
             dtype: t.dtype.name().into(),
             tensors: 0,
@@ -409,9 +466,9 @@ fn dtypes(file: &CmfFile) -> Vec<DtypeRow> {
     m.into_values().collect()
 }
 
-fn per_layer(file: &CmfFile) -> Vec<(String, u64)> {
+fn per_layer<'a>(tensors: impl Iterator<Item = &'a TensorEntry>) -> Vec<(String, u64)> {
     let mut m: BTreeMap<u64, u64> = BTreeMap::new();
-    for t in file.directory.iter() {
+    for t in tensors {
         if let Some(l) = layer_of(&t.name) {
             *m.entry(l).or_default() += t.nbytes;
         }
@@ -494,15 +551,19 @@ fn tokenizer(file: &CmfFile) -> Vec<(String, String)> {
     v
 }
 
-fn extra(file: &CmfFile) -> Vec<(String, String)> {
+fn extra(model: &CmfModel) -> Vec<(String, String)> {
+    let file = model.primary();
     let mut v = Vec::new();
-    v.push((
-        "shards".into(),
-        match file.header.shard {
-            Some(s) => format!("shard {} of {}", s.no, s.count),
-            None => "single file".into(),
-        },
-    ));
+    // A set of several has its own panel.
+    if model.shards.len() < 2 {
+        v.push((
+            "shards".into(),
+            match file.header.shard {
+                Some(s) => format!("shard {} of {}", s.no, s.count),
+                None => "single file".into(),
+            },
+        ));
+    }
     let comps = file.pipeline_components();
     if !comps.is_empty() {
         v.push(("pipeline".into(), comps.join(", ")));

@@ -1,7 +1,8 @@
-//! State of the Tensors view: the directory as a list of row references (an index vector
-//! into `file.directory.entries`, rebuilt only when the filter, sort or grouping changes),
-//! the cursor, the detail panel, and statistics computed by background jobs and cached by
-//! tensor hash. Only the visible window of rows is formatted for the widget.
+//! State of the Tensors view: the model's merged directory (every shard's tensors, §10) as
+//! a list of row references (an index vector into the merged order, which names each
+//! tensor's shard; rebuilt only when the filter, sort or grouping changes), the cursor, the
+//! detail panel, and statistics computed by background jobs and cached by tensor hash. Only
+//! the visible window of rows is formatted for the widget.
 
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
@@ -9,7 +10,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use cortiq_engine::format::{CmfFile, TensorEntry};
+use cortiq_engine::format::{CmfFile, CmfModel, TensorEntry};
 use cortiq_engine::stats::{tensor_stats, StatsError, TensorStats, OUTLIER_SIGMAS};
 use cortiq_views::tensors::{
     self as widget, DetailVm, FilterVm, RowVm, Stat, StatsReadyVm, StatsVm, TensorsVm,
@@ -84,8 +85,8 @@ impl SortKey {
             SortKey::Elements => 3,
             SortKey::Bytes => 4,
             SortKey::Bits => 5,
-            SortKey::Offset => 6,
-            SortKey::Hash => 7,
+            SortKey::Offset => widget::OFFSET,
+            SortKey::Hash => widget::HASH,
         }
     }
 }
@@ -269,7 +270,7 @@ fn align_score(term: &[char], text: &[char], prev: &mut Vec<i32>, cur: &mut Vec<
 enum RowRef {
     /// Index into `groups`.
     Group(u32),
-    /// Index into `file.directory.entries`.
+    /// Index into the merged directory (`CmfModel::tensor_at`).
     Tensor(u32),
 }
 
@@ -288,6 +289,8 @@ struct GroupInfo {
 }
 
 pub struct TensorsState {
+    /// The whole set: render and the stats workers read through it.
+    model: Arc<CmfModel>,
     /// Lowercase names, computed once for the filter.
     lower: Vec<Box<str>>,
     layers: Vec<Option<u64>>,
@@ -296,8 +299,7 @@ pub struct TensorsState {
     /// Position in natural name order, computed when first sorted by name.
     name_rank: Option<Vec<u32>>,
     /// Content width of each column over the whole directory.
-    widths: [usize; 8],
-    data_off: u64,
+    widths: [usize; widget::COLS],
 
     filter: String,
     typing: bool,
@@ -327,8 +329,9 @@ pub struct TensorsState {
 }
 
 impl TensorsState {
-    pub fn new(file: &CmfFile) -> TensorsState {
-        let entries = &file.directory.entries;
+    pub fn new(model: &Arc<CmfModel>) -> TensorsState {
+        // Borrowed once for the whole index: sorting 10⁵ entries wants plain slices.
+        let entries: Vec<&TensorEntry> = model.tensors().map(|(_, e)| e).collect();
         let lower: Vec<Box<str>> = entries
             .iter()
             .map(|e| e.name.to_lowercase().into_boxed_str())
@@ -336,7 +339,7 @@ impl TensorsState {
         let layers: Vec<Option<u64>> = entries.iter().map(|e| e.layer()).collect();
         let mut order: Vec<u32> = (0..entries.len() as u32).collect();
         order.sort_unstable_by(|&a, &b| {
-            let (ea, eb) = (&entries[a as usize], &entries[b as usize]);
+            let (ea, eb) = (entries[a as usize], entries[b as usize]);
             layers[a as usize]
                 .cmp(&layers[b as usize])
                 .then_with(|| natural_cmp(&ea.name, &eb.name))
@@ -344,9 +347,9 @@ impl TensorsState {
         });
         let layer_rank = ranks(&order);
         let mut s = TensorsState {
-            widths: column_widths(entries),
-            data_off: file.envelope.data.off,
+            widths: column_widths(model.tensors(), model.shards.len()),
             matched: (0..entries.len() as u32).map(|i| (i, 0)).collect(),
+            model: Arc::clone(model),
             matched_for: String::new(),
             lower,
             layers,
@@ -369,8 +372,17 @@ impl TensorsState {
             cancelled: None,
             jobs_started: 0,
         };
-        s.rebuild(file, false);
+        s.rebuild(false);
         s
+    }
+
+    /// Tensor `i` of the merged directory and its shard.
+    fn entry(&self, i: usize) -> Option<(usize, &TensorEntry)> {
+        self.model.tensor_at(i)
+    }
+
+    fn sharded(&self) -> bool {
+        self.model.shards.len() > 1
     }
 
     fn descending(&self) -> bool {
@@ -397,11 +409,13 @@ impl TensorsState {
 
     /// Filters, sorts and groups into `rows`. With `to_top` the cursor goes to the first
     /// tensor (the best match while typing); otherwise it stays on the same row.
-    fn rebuild(&mut self, file: &CmfFile, to_top: bool) {
+    fn rebuild(&mut self, to_top: bool) {
         let keep = self.rows.get(self.selected).map(|&r| self.key_of(r));
         self.refilter();
         let mut order = self.matched.clone();
-        self.sort_order(file, &mut order);
+        let model = Arc::clone(&self.model);
+        let entries: Vec<&TensorEntry> = model.tensors().map(|(_, e)| e).collect();
+        self.sort_order(&model, &entries, &mut order);
 
         self.groups.clear();
         self.rows.clear();
@@ -410,7 +424,6 @@ impl TensorsState {
             // Stable: the chosen order holds inside each layer; layers in numeric order,
             // tensors outside layers first.
             order.sort_by_key(|&(i, _)| self.layers[i as usize]);
-            let entries = &file.directory.entries;
             let mut k = 0;
             while k < order.len() {
                 let layer = self.layers[order[k].0 as usize];
@@ -485,8 +498,8 @@ impl TensorsState {
         self.matched_for = self.filter.clone();
     }
 
-    fn sort_order(&mut self, file: &CmfFile, order: &mut [(u32, i32)]) {
-        let entries = &file.directory.entries;
+    /// `entries`: the merged directory in order (borrowed from `model`).
+    fn sort_order(&mut self, model: &CmfModel, entries: &[&TensorEntry], order: &mut [(u32, i32)]) {
         if self.sort == SortKey::Name && self.name_rank.is_none() {
             let mut by_name: Vec<u32> = (0..entries.len() as u32).collect();
             by_name.sort_unstable_by(|&a, &b| {
@@ -499,7 +512,9 @@ impl TensorsState {
         let name_rank = self.name_rank.as_deref().unwrap_or(rank);
         let by_match = self.by_match();
         let desc = self.descending();
-        let e = |i: u32| &entries[i as usize];
+        let e = |i: u32| entries[i as usize];
+        // Offsets count within a shard: the shard comes first.
+        let shard = |i: u32| model.tensor_at(i as usize).map_or(0, |(s, _)| s);
         let primary = |a: &(u32, i32), b: &(u32, i32)| -> Ordering {
             let (x, y) = (e(a.0), e(b.0));
             match self.sort {
@@ -510,7 +525,7 @@ impl TensorsState {
                 SortKey::Elements => x.numel().cmp(&y.numel()),
                 SortKey::Bytes => x.nbytes.cmp(&y.nbytes),
                 SortKey::Bits => x.bits_per_weight().total_cmp(&y.bits_per_weight()),
-                SortKey::Offset => x.off.cmp(&y.off),
+                SortKey::Offset => (shard(a.0), x.off).cmp(&(shard(b.0), y.off)),
                 SortKey::Hash => x.hash.cmp(&y.hash),
             }
         };
@@ -542,17 +557,17 @@ impl TensorsState {
             match a {
                 Action::Input(c) => {
                     self.filter.push(*c);
-                    self.rebuild(ctx.file, true);
+                    self.rebuild(true);
                 }
                 Action::Erase => {
                     self.filter.pop();
-                    self.rebuild(ctx.file, true);
+                    self.rebuild(true);
                 }
                 Action::Enter => self.typing = false,
                 Action::Back => {
                     self.typing = false;
                     self.filter.clear();
-                    self.rebuild(ctx.file, false);
+                    self.rebuild(false);
                 }
                 _ => self.command(a, ctx, page, last),
             }
@@ -584,15 +599,15 @@ impl TensorsState {
             Action::SortNext => {
                 self.sort = self.sort.next();
                 self.reversed = false;
-                self.rebuild(ctx.file, false);
+                self.rebuild(false);
             }
             Action::SortReverse => {
                 self.reversed = !self.reversed;
-                self.rebuild(ctx.file, false);
+                self.rebuild(false);
             }
             Action::Group => {
                 self.grouped = !self.grouped;
-                self.rebuild(ctx.file, false);
+                self.rebuild(false);
             }
             Action::Enter | Action::Right | Action::Left => match row {
                 Some(RowRef::Group(g)) => {
@@ -608,7 +623,7 @@ impl TensorsState {
                         } else {
                             self.collapsed.remove(&layer);
                         }
-                        self.rebuild(ctx.file, false);
+                        self.rebuild(false);
                     }
                 }
                 Some(RowRef::Tensor(i)) => {
@@ -630,7 +645,7 @@ impl TensorsState {
                     self.detail = false;
                 } else if !self.filter.is_empty() {
                     self.filter.clear();
-                    self.rebuild(ctx.file, false);
+                    self.rebuild(false);
                 }
             }
             Action::Cancel => {
@@ -655,7 +670,7 @@ impl TensorsState {
 
     /// Starts the stats job of entry `i` unless its result is known or being computed.
     fn start_stats(&mut self, i: usize, ctx: &mut Ctx) {
-        let Some(e) = ctx.file.directory.entries.get(i) else {
+        let Some((shard, e)) = self.entry(i) else {
             return;
         };
         if self.cache.contains_key(&e.hash)
@@ -664,12 +679,13 @@ impl TensorsState {
         {
             return;
         }
-        self.cancelled = None;
-        self.running = Some((e.hash, e.name.clone()));
-        self.jobs_started += 1;
-        // The worker owns what it reads: the file (shared) and the entry (copied).
-        let file = Arc::clone(ctx.file);
+        // The worker owns what it reads: the shard holding the tensor (shared) and the
+        // entry (copied).
+        let file = Arc::clone(&self.model.shards[shard]);
         let entry = e.clone();
+        self.cancelled = None;
+        self.running = Some((entry.hash, entry.name.clone()));
+        self.jobs_started += 1;
         ctx.jobs.spawn(JobKind::Stats, move |cancel, report| {
             report(stats_report(&file, &entry, cancel))
         });
@@ -707,8 +723,9 @@ impl TensorsState {
             .map(|(_, name)| (format!("stats {}", esc(name)), 0.5))
     }
 
-    pub fn status(&self, file: &CmfFile) -> (String, String) {
-        let total = file.directory.len();
+    /// `_file` is the primary shard (the app's); the count is the merged set's.
+    pub fn status(&self, _file: &CmfFile) -> (String, String) {
+        let total = self.model.tensor_count();
         let mut parts = vec![if self.filter.is_empty() {
             format!("{} tensors", group_digits(total as u64))
         } else {
@@ -752,7 +769,7 @@ impl TensorsState {
         }
     }
 
-    pub fn render(&self, f: &mut Frame, area: Rect, file: &CmfFile, theme: &Theme) {
+    pub fn render(&self, f: &mut Frame, area: Rect, _file: &CmfFile, theme: &Theme) {
         let areas = widget::areas(area, self.filter_shown(), self.detail);
         let h = areas.rows.height as usize;
         let len = self.rows.len();
@@ -763,7 +780,7 @@ impl TensorsState {
             .get(offset..end)
             .unwrap_or_default()
             .iter()
-            .map(|&r| self.row_vm(r, file))
+            .map(|&r| self.row_vm(r))
             .collect();
         let (sorted, name_note) = if self.by_match() {
             let note = if self.reversed {
@@ -788,6 +805,7 @@ impl TensorsState {
         let vm = TensorsVm {
             title,
             widths: self.widths,
+            shard_column: self.sharded(),
             sorted,
             name_note,
             selected: (self.selected >= offset && self.selected < end)
@@ -799,19 +817,19 @@ impl TensorsState {
                 text: esc(&self.filter),
                 typing: self.typing,
                 matches: self.matched.len(),
-                total: file.directory.len(),
+                total: self.model.tensor_count(),
             }),
-            empty: if file.directory.is_empty() {
+            empty: if self.model.tensor_count() == 0 {
                 "this file has no tensors".into()
             } else {
                 format!("no tensor name matches “{}”", esc(&self.filter))
             },
-            detail: self.detail.then(|| self.detail_vm(file)),
+            detail: self.detail.then(|| self.detail_vm()),
         };
         widget::render(f, area, &vm, theme);
     }
 
-    fn row_vm(&self, r: RowRef, file: &CmfFile) -> RowVm {
+    fn row_vm(&self, r: RowRef) -> RowVm {
         match r {
             RowRef::Group(g) => {
                 let (label, collapsed) = match self.groups.get(g as usize) {
@@ -820,8 +838,10 @@ impl TensorsState {
                 };
                 RowVm::Group { label, collapsed }
             }
-            RowRef::Tensor(i) => match file.directory.entries.get(i as usize) {
-                Some(e) => RowVm::Tensor { cells: cells(e) },
+            RowRef::Tensor(i) => match self.entry(i as usize) {
+                Some((s, e)) => RowVm::Tensor {
+                    cells: cells(e, s, self.model.shards.len()),
+                },
                 None => RowVm::Tensor {
                     cells: Default::default(),
                 },
@@ -829,12 +849,12 @@ impl TensorsState {
         }
     }
 
-    fn detail_vm(&self, file: &CmfFile) -> DetailVm {
+    fn detail_vm(&self) -> DetailVm {
         match self.rows.get(self.selected) {
-            Some(&RowRef::Tensor(i)) => match file.directory.entries.get(i as usize) {
-                Some(e) => DetailVm {
+            Some(&RowRef::Tensor(i)) => match self.entry(i as usize) {
+                Some((s, e)) => DetailVm {
                     title: format!(" {} ", esc(&e.name)),
-                    facts: self.facts(i as usize, e, file.directory.len()),
+                    facts: self.facts(i as usize, s, e),
                     stats: self.stats_vm(e),
                 },
                 None => message_panel(" details ", "no tensor selected"),
@@ -860,17 +880,21 @@ impl TensorsState {
         }
     }
 
-    fn facts(&self, i: usize, e: &TensorEntry, count: usize) -> Vec<(String, String)> {
+    /// `i`: the merged index; `shard`: the shard holding the tensor.
+    fn facts(&self, i: usize, shard: usize, e: &TensorEntry) -> Vec<(String, String)> {
         let mut dtype = e.dtype.name().to_string();
         if e.dtype.is_reserved() {
             dtype.push_str(" (reserved id: stored, not decodable)");
         }
-        let absolute = self
-            .data_off
+        let file = &self.model.shards[shard];
+        let absolute = file
+            .envelope
+            .data
+            .off
             .checked_add(e.off)
             .map(group_digits)
             .unwrap_or_else(|| "overflows".into());
-        vec![
+        let mut v = vec![
             ("dtype".into(), dtype),
             ("shape".into(), shape_str(&e.shape)),
             ("elements".into(), group_digits(e.numel())),
@@ -890,15 +914,41 @@ impl TensorsState {
                     .map(|l| l.to_string())
                     .unwrap_or_else(|| "—".into()),
             ),
-            (
+        ];
+        if self.sharded() {
+            // Offsets and records count within the shard: name it first.
+            let first = self.model.merged_index(shard, 0).unwrap_or(0);
+            v.insert(
+                0,
+                (
+                    "shard".into(),
+                    format!(
+                        "{} of {} · {}",
+                        shard + 1,
+                        self.model.shards.len(),
+                        esc(&file_name(file))
+                    ),
+                ),
+            );
+            v.push((
+                "record".into(),
+                format!(
+                    "{} of {} in the shard's directory",
+                    group_digits((i - first) as u64 + 1),
+                    group_digits(file.directory.len() as u64)
+                ),
+            ));
+        } else {
+            v.push((
                 "record".into(),
                 format!(
                     "{} of {} in the directory",
                     group_digits(i as u64 + 1),
-                    group_digits(count as u64)
+                    group_digits(self.model.tensor_count() as u64)
                 ),
-            ),
-        ]
+            ));
+        }
+        v
     }
 
     fn stats_vm(&self, e: &TensorEntry) -> StatsVm {
@@ -1049,7 +1099,17 @@ fn group_label(g: &GroupInfo) -> String {
     )
 }
 
-fn cells(e: &TensorEntry) -> [String; 8] {
+/// The name of a shard's file, as the detail panel shows it.
+fn file_name(file: &CmfFile) -> String {
+    file.path
+        .as_ref()
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "(in memory)".into())
+}
+
+/// `shard` of `count` shards: the cell reads `2/3`, empty for a single file.
+fn cells(e: &TensorEntry, shard: usize, count: usize) -> [String; widget::COLS] {
     [
         esc(&e.name),
         e.dtype.name().to_string(),
@@ -1057,21 +1117,30 @@ fn cells(e: &TensorEntry) -> [String; 8] {
         group_digits(e.numel()),
         human_bytes(e.nbytes),
         format!("{:.2}", e.bits_per_weight()),
+        if count > 1 {
+            format!("{}/{count}", shard + 1)
+        } else {
+            String::new()
+        },
         group_digits(e.off),
         format!("{:016x}", e.hash),
     ]
 }
 
-/// Widths of the columns over the whole directory, so they do not jump while scrolling.
-/// Measured without formatting every entry (10⁵ names open in a blink): a number's
-/// width grows with its value, so only maxima are formatted.
-fn column_widths(entries: &[TensorEntry]) -> [usize; 8] {
+/// Widths of the columns over the whole directory (`(shard, entry)` pairs of `shards`
+/// shards), so they do not jump while scrolling. Measured without formatting every entry
+/// (10⁵ names open in a blink): a number's width grows with its value, so only maxima are
+/// formatted.
+fn column_widths<'a>(
+    entries: impl Iterator<Item = (usize, &'a TensorEntry)> + Clone,
+    shards: usize,
+) -> [usize; widget::COLS] {
     let digits = |n: u64| n.checked_ilog10().map_or(1, |d| d as usize + 1);
-    let mut w = [0usize; 8];
+    let mut w = [0usize; widget::COLS];
     // Largest size per unit of `human_bytes` (B, KiB, MiB, GiB, TiB and beyond).
     let mut largest_in_unit = [None::<u64>; 5];
     let mut max_bits = 0f64;
-    for e in entries {
+    for (_, e) in entries.clone() {
         let plain = e.name.bytes().all(|b| (0x20..0x7f).contains(&b));
         let name_w = if plain {
             e.name.len()
@@ -1088,7 +1157,7 @@ fn column_widths(entries: &[TensorEntry]) -> [usize; 8] {
         *slot = Some(slot.map_or(e.nbytes, |m| m.max(e.nbytes)));
         max_bits = max_bits.max(e.bits_per_weight());
     }
-    let max = |f: fn(&TensorEntry) -> u64| entries.iter().map(f).max().unwrap_or(0);
+    let max = |f: fn(&TensorEntry) -> u64| entries.clone().map(|(_, e)| f(e)).max().unwrap_or(0);
     w[3] = group_digits(max(|e| e.numel())).len();
     w[4] = largest_in_unit
         .iter()
@@ -1097,8 +1166,13 @@ fn column_widths(entries: &[TensorEntry]) -> [usize; 8] {
         .max()
         .unwrap_or(0);
     w[5] = format!("{max_bits:.2}").len();
-    w[6] = group_digits(max(|e| e.off)).len();
-    w[7] = 16;
+    w[widget::SHARD] = if shards > 1 {
+        2 * digits(shards as u64) + 1
+    } else {
+        0
+    };
+    w[widget::OFFSET] = group_digits(max(|e| e.off)).len();
+    w[widget::HASH] = 16;
     w
 }
 
@@ -1152,24 +1226,35 @@ mod tests {
         }
     }
 
+    fn model(app: &App) -> &Arc<CmfModel> {
+        match &app.screen {
+            Screen::Model(m) => &m.model,
+            _ => panic!("no model open"),
+        }
+    }
+
     /// Names of the tensor rows, in display order.
     fn names(app: &App) -> Vec<String> {
-        let (s, f) = (state(app), file(app));
-        s.rows
-            .iter()
-            .filter_map(|r| match r {
-                RowRef::Tensor(i) => Some(f.directory.entries[*i as usize].name.clone()),
-                RowRef::Group(_) => None,
-            })
+        entries_in_order(app)
+            .into_iter()
+            .map(|e| e.name.clone())
             .collect()
     }
 
     fn entries_in_order(app: &App) -> Vec<&TensorEntry> {
-        let (s, f) = (state(app), file(app));
+        shards_and_entries(app)
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect()
+    }
+
+    /// The tensor rows in display order, with the shard of each.
+    fn shards_and_entries(app: &App) -> Vec<(usize, &TensorEntry)> {
+        let s = state(app);
         s.rows
             .iter()
             .filter_map(|r| match r {
-                RowRef::Tensor(i) => Some(&f.directory.entries[*i as usize]),
+                RowRef::Tensor(i) => s.model.tensor_at(*i as usize),
                 RowRef::Group(_) => None,
             })
             .collect()
@@ -1265,13 +1350,14 @@ mod tests {
     fn column_widths_equal_the_widest_formatted_cells() {
         for name in ["qwen3_moe-masked.cmf", "qwen3-vbit.cmf", "gemma3-q8.cmf"] {
             let f = CmfFile::open(super::super::testing::fixture(name)).unwrap();
-            let mut want = [0usize; 8];
+            let mut want = [0usize; widget::COLS];
             for e in f.directory.iter() {
-                for (c, cell) in cells(e).iter().enumerate() {
+                for (c, cell) in cells(e, 0, 1).iter().enumerate() {
                     want[c] = want[c].max(Span::raw(cell.as_str()).width());
                 }
             }
-            assert_eq!(column_widths(&f.directory.entries), want, "{name}");
+            let es = f.directory.iter().map(|e| (0, e));
+            assert_eq!(column_widths(es, 1), want, "{name}");
         }
         let e = |name: &str, nbytes: u64| TensorEntry {
             name: name.into(),
@@ -1286,13 +1372,15 @@ mod tests {
             e("é", 1024 * 1023 + 1000),
             e("x", 5 << 30),
         ];
-        let mut want = [0usize; 8];
-        for x in &es {
-            for (c, cell) in cells(x).iter().enumerate() {
+        // Spread over 10 shards: the shard cell is as wide as `10/10`.
+        let mut want = [0usize; widget::COLS];
+        for (k, x) in es.iter().enumerate() {
+            for (c, cell) in cells(x, k * 9 / 2, 10).iter().enumerate() {
                 want[c] = want[c].max(Span::raw(cell.as_str()).width());
             }
         }
-        assert_eq!(column_widths(&es), want);
+        let spread = es.iter().enumerate().map(|(k, e)| (k * 9 / 2, e));
+        assert_eq!(column_widths(spread, 10), want);
     }
 
     // --- the table ----------------------------------------------------------------------
@@ -1667,6 +1755,103 @@ mod tests {
         assert!(screen.contains("lm_head.weight"), "{screen}");
     }
 
+    // --- a sharded model ------------------------------------------------------------
+
+    #[test]
+    fn a_sharded_model_lists_every_shard_with_a_shard_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = super::super::testing::sharded_fixture(dir.path());
+        assert_eq!(paths.len(), 3, "{paths:?}");
+        // Opened by the name of shard 2: the whole set.
+        let mut h = Harness::open(&paths[1]);
+        h.act(Action::GoTab(1));
+        let screen = h.render();
+        insta::assert_snapshot!("tensors_table_sharded", screen);
+        let src = CmfFile::open(super::super::testing::fixture("qwen3_moe-masked.cmf")).unwrap();
+        let mut got = names(&h.app);
+        got.sort();
+        let mut want: Vec<String> = src.directory.iter().map(|e| e.name.clone()).collect();
+        want.sort();
+        assert_eq!(got, want, "the union of the shards' directories");
+        // Layer order over the merged set, as for the single file.
+        let single = {
+            let mut s = Harness::fixture("qwen3_moe-masked.cmf");
+            s.act(Action::GoTab(1));
+            names(&s.app)
+        };
+        assert_eq!(names(&h.app), single);
+        let header = screen.lines().nth(2).unwrap();
+        assert!(
+            header.contains("shard") && header.contains("offset"),
+            "{header}"
+        );
+        let m = Arc::clone(model(&h.app));
+        for (s, e) in shards_and_entries(&h.app) {
+            assert_eq!(m.get(&e.name).map(|(k, _)| k), Some(s), "{}", e.name);
+        }
+        // Every shard holds some of the rows on screen or below; each row names its own.
+        for k in 1..=3 {
+            let in_shard = m.shards[k - 1].directory.entries[0].name.clone();
+            let row = screen.lines().find(|l| l.contains(&format!("{in_shard} ")));
+            if let Some(row) = row {
+                assert!(row.contains(&format!(" {k}/3 ")), "{row}");
+            }
+        }
+        let (status, _) = state(&h.app).status(file(&h.app));
+        assert_eq!(status, "135 tensors · layer order ↑");
+
+        // Sorted by offset: shard by shard, offsets ascending inside each.
+        h.acts(std::iter::repeat_n(Action::SortNext, 6));
+        assert_eq!(state(&h.app).sort, SortKey::Offset);
+        let order: Vec<(usize, u64)> = shards_and_entries(&h.app)
+            .iter()
+            .map(|(s, e)| (*s, e.off))
+            .collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
+        assert_eq!(order.first().map(|o| o.0), Some(0));
+        assert_eq!(order.last().map(|o| o.0), Some(2));
+        h.acts(std::iter::repeat_n(Action::SortNext, 2)); // hash, layer
+                                                          // Grouping and filtering work over the merged set.
+        h.act(Action::Group);
+        assert_eq!(
+            group_layers(&h.app),
+            vec![None, Some(0), Some(1), Some(2), Some(3)]
+        );
+        h.act(Action::Group);
+        h.act(Action::Filter)
+            .type_text("experts.7")
+            .act(Action::Enter);
+        assert_eq!(names(&h.app).len(), 12);
+        h.act(Action::Back);
+
+        // The detail panel names the shard file; statistics read the bytes from it.
+        let last = &m.shards[2];
+        let e = last.directory.entries.last().unwrap().clone();
+        h.act(Action::Filter).type_text(&e.name).act(Action::Enter);
+        assert_eq!(names(&h.app)[0], e.name);
+        h.act(Action::Enter);
+        h.pump_until("stats", |app| state(app).cache.contains_key(&e.hash));
+        let screen = h.render();
+        assert!(
+            screen.contains("shard        3 of 3 · moe-00003-of-00003.cmf"),
+            "{screen}"
+        );
+        let record = format!(
+            "{} of {} in the shard's directory",
+            last.directory.len(),
+            last.directory.len()
+        );
+        assert!(screen.contains(&record), "{screen}");
+        let want = tensor_stats(
+            e.dtype,
+            &e.shape,
+            last.tensor_bytes(&e),
+            &AtomicBool::new(false),
+        )
+        .unwrap();
+        assert_eq!(*state(&h.app).cache[&e.hash], want);
+    }
+
     // --- 10⁵ tensors ------------------------------------------------------------------
 
     #[test]
@@ -1705,7 +1890,7 @@ mod tests {
         let mut h = Harness::open(&path);
         let open = t.elapsed();
         let t = Instant::now();
-        let fresh = TensorsState::new(file(&h.app));
+        let fresh = TensorsState::new(model(&h.app));
         let state_new = t.elapsed();
         assert_eq!(fresh.rows.len(), 100_000);
         h.act(Action::GoTab(1));

@@ -26,6 +26,21 @@ pub fn fixture(name: &str) -> PathBuf {
     p
 }
 
+/// qwen3_moe-masked.cmf written as a shard set `dir/moe-0000k-of-0000n.cmf` (§10: at most
+/// 500 kB of rough f32 size each: three shards); the paths in shard order.
+pub fn sharded_fixture(dir: &Path) -> Vec<PathBuf> {
+    use cortiq_engine::format::{writer, CmfFile};
+    let src = CmfFile::open(fixture("qwen3_moe-masked.cmf")).expect("the fixture opens");
+    let spec = writer::spec_of(&src);
+    let shards = writer::write_sharded(&dir.join("moe.cmf"), spec, 500_000, |i| {
+        Ok(std::borrow::Cow::Borrowed(
+            src.tensor_bytes(&src.directory.entries[i]),
+        ))
+    })
+    .expect("write the shards");
+    shards.into_iter().map(|s| s.path).collect()
+}
+
 pub struct Harness {
     pub app: App,
     pub rx: Receiver<Action>,

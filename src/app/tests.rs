@@ -127,3 +127,54 @@ fn overview_of_a_file_with_every_dtype_folds_what_does_not_fit() {
         "{tall}"
     );
 }
+
+#[test]
+fn overview_of_a_sharded_model_lists_the_shards_and_totals_the_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = super::testing::sharded_fixture(dir.path());
+    assert_eq!(paths.len(), 3);
+    // The last shard's name opens the set, shown by shard 1's name.
+    let mut h = Harness::open(&paths[2]);
+    let screen = h.render();
+    insta::assert_snapshot!("overview_sharded", screen);
+    assert!(screen.contains("moe-00001-of-00003.cmf"), "{screen}");
+    let m = match &h.app.screen {
+        Screen::Model(m) => m.model.clone(),
+        _ => panic!("no model open: {screen}"),
+    };
+    assert_eq!(m.shards.len(), 3);
+    for (k, f) in m.shards.iter().enumerate() {
+        let name = format!("moe-{:05}-of-00003.cmf", k + 1);
+        let row = screen
+            .lines()
+            .find(|l| l.contains(&name) && l.contains(&format!("{}/3", k + 1)))
+            .unwrap_or_else(|| panic!("{name} listed\n{screen}"));
+        assert!(row.contains(&format!(" {} ", f.directory.len())), "{row}");
+    }
+    // Totals over the merged set equal the unsharded file's.
+    let single = Harness::fixture("qwen3_moe-masked.cmf").render();
+    let line = |s: &str, key: &str| {
+        s.lines()
+            .find(|l| l.contains(key))
+            .map(|l| l.split('│').nth(2).unwrap_or("").trim().to_string())
+    };
+    for key in ["tensors        ", "total   "] {
+        assert_eq!(line(&screen, key), line(&single, key), "{key}\n{screen}");
+    }
+    assert!(screen.contains("one model in 3 files"), "{screen}");
+    assert!(screen.contains("135 tensors ·"), "{screen}");
+    // Masks and the chat bundle are shard 1's.
+    assert!(screen.contains("template"), "{screen}");
+}
+
+#[test]
+fn a_shard_set_with_a_missing_sibling_opens_to_an_error_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = super::testing::sharded_fixture(dir.path());
+    std::fs::remove_file(&paths[2]).unwrap();
+    let mut h = Harness::open(&paths[1]);
+    let screen = h.render();
+    assert!(matches!(h.app.screen, Screen::Error { .. }), "{screen}");
+    assert!(screen.contains("Cannot open"), "{screen}");
+    assert!(screen.contains("missing shard"), "{screen}");
+}

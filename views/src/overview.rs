@@ -1,6 +1,6 @@
 //! View 1, Overview: the header as a browsable tree beside the file's facts — layout of
-//! sections, parameters and bytes per dtype and per layer, tokenizer and chat bundle,
-//! shards, pipeline components, provenance, warnings.
+//! sections, the shards of a sharded model, parameters and bytes per dtype and per layer,
+//! tokenizer and chat bundle, pipeline components, provenance, warnings.
 
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Style};
@@ -32,6 +32,20 @@ pub struct Segment {
     pub len: u64,
 }
 
+/// One file of a sharded model (§10).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShardRow {
+    /// 1-based, as in the file name.
+    pub no: u32,
+    pub count: u32,
+    pub file: String,
+    pub tensors: u64,
+    /// Bytes of its tensors' data.
+    pub bytes: u64,
+    /// Size of the file.
+    pub file_len: u64,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct DtypeRow {
     pub dtype: String,
@@ -45,8 +59,11 @@ pub struct OverviewVm<'a> {
     pub selected: usize,
     pub offset: usize,
     pub facts: &'a [(String, String)],
+    /// Sections of the (primary) file and its size.
     pub segments: &'a [Segment],
     pub file_len: u64,
+    /// Every shard of a sharded model; empty for a single file (no panel then).
+    pub shards: &'a [ShardRow],
     pub dtypes: &'a [DtypeRow],
     /// Bytes per layer, in layer order; `None` label for tensors outside layers.
     pub per_layer: &'a [(String, u64)],
@@ -99,10 +116,22 @@ pub fn render(f: &mut Frame, area: Rect, vm: &OverviewVm, theme: &Theme) {
     let spare = right
         .height
         .saturating_sub(facts_h + 4 + 4 + tok_h + extra_min);
-    let dtype_rows = (vm.dtypes.len() as u16).min(spare.saturating_sub(4).max(1));
-    let [facts, layout, dtypes, layers, tok, extra] = Layout::vertical([
+    // What is left goes to a few dtypes first, then the shards (a long list folds its
+    // middle), then the other dtypes; the `more` panel takes the rest.
+    let dtypes_n = vm.dtypes.len() as u16;
+    let shards_n = (vm.shards.len() as u16).min(SHARDS_SHOWN);
+    let shards_frame = if shards_n > 0 { 2 } else { 0 };
+    let mut room = spare.saturating_sub(4 + shards_frame);
+    let first = dtypes_n.min(3).min(room);
+    room -= first;
+    let shard_rows = shards_n.min(room).max(shards_n.min(1));
+    room = room.saturating_sub(shard_rows);
+    let dtype_rows = (first + (dtypes_n - first).min(room)).max(dtypes_n.min(1));
+    let shards_h = if shards_n > 0 { shard_rows + 2 } else { 0 };
+    let [facts, layout, shards, dtypes, layers, tok, extra] = Layout::vertical([
         Constraint::Length(facts_h),
         Constraint::Length(4),
+        Constraint::Length(shards_h),
         Constraint::Length(dtype_rows + 4),
         Constraint::Length(4),
         Constraint::Length(tok_h),
@@ -111,6 +140,9 @@ pub fn render(f: &mut Frame, area: Rect, vm: &OverviewVm, theme: &Theme) {
     .areas(right);
     render_kv(f, facts, " file ", vm.facts, theme);
     render_layout(f, layout, vm, theme);
+    if !vm.shards.is_empty() {
+        render_shards(f, shards, vm.shards, shard_rows as usize, theme);
+    }
     render_dtypes(f, dtypes, vm, dtype_rows as usize, theme);
     render_layers(f, layers, vm, theme);
     render_kv(
@@ -259,9 +291,85 @@ fn render_layout(f: &mut Frame, area: Rect, vm: &OverviewVm, theme: &Theme) {
             ]
         })
         .collect();
+    // A sharded model's sections live in shard 1 (§10): say whose layout this is.
+    let of = if vm.shards.is_empty() {
+        ""
+    } else {
+        " of shard 1"
+    };
     f.render_widget(
         Paragraph::new(vec![bar_line, Line::from(legend)])
-            .block(Block::bordered().title(format!(" layout — {} ", human_bytes(vm.file_len)))),
+            .block(Block::bordered().title(format!(" layout{of} — {} ", human_bytes(vm.file_len)))),
+        area,
+    );
+}
+
+/// Shards listed before the rest fold into one line.
+const SHARDS_SHOWN: u16 = 8;
+
+fn render_shards(f: &mut Frame, area: Rect, shards: &[ShardRow], max_rows: usize, theme: &Theme) {
+    const FIXED: [u16; 4] = [5, 14, 10, 10];
+    // The file column takes what the numbers leave; names keep their shard number (the
+    // end), cut in the middle.
+    let gaps = FIXED.len() as u16;
+    let file_w = area
+        .width
+        .saturating_sub(2 + FIXED.iter().sum::<u16>() + gaps)
+        .max(8);
+    let row = |no: String, file: &str, t: u64, b: u64, len: u64| {
+        Row::new(vec![
+            no,
+            crate::tensors::truncate_middle(&esc(file), file_w as usize),
+            format!("{} tensors", group_digits(t)),
+            human_bytes(b),
+            human_bytes(len),
+        ])
+    };
+    let listed = |s: &ShardRow| {
+        row(
+            format!("{}/{}", s.no, s.count),
+            &s.file,
+            s.tensors,
+            s.bytes,
+            s.file_len,
+        )
+    };
+    let folded = |rest: &[ShardRow]| {
+        let sum = |f: fn(&ShardRow) -> u64| rest.iter().map(f).sum::<u64>();
+        row(
+            String::new(),
+            &format!("+{} more", rest.len()),
+            sum(|s| s.tensors),
+            sum(|s| s.bytes),
+            sum(|s| s.file_len),
+        )
+        .style(theme.dim)
+    };
+    let rows: Vec<Row> = if shards.len() <= max_rows {
+        shards.iter().map(listed).collect()
+    } else if max_rows < 2 {
+        vec![folded(shards)]
+    } else {
+        // The first shards and the last one; the middle folds.
+        let keep = max_rows - 2;
+        let mut rows: Vec<Row> = shards[..keep].iter().map(listed).collect();
+        rows.push(folded(&shards[keep..shards.len() - 1]));
+        rows.extend(shards.last().map(listed));
+        rows
+    };
+    let widths = [
+        Constraint::Length(FIXED[0]),
+        Constraint::Length(file_w),
+        Constraint::Length(FIXED[1]),
+        Constraint::Length(FIXED[2]),
+        Constraint::Length(FIXED[3]),
+    ];
+    // No header row (room is short): the title names the columns.
+    f.render_widget(
+        Table::new(rows, widths).block(Block::bordered().title(format!(
+            " shards — one model in {} files (§10): tensors · weights · file size ",
+            shards.len()
+        ))),
         area,
     );
 }
@@ -372,4 +480,70 @@ fn render_layers(f: &mut Frame, area: Rect, vm: &OverviewVm, theme: &Theme) {
         Paragraph::new(lines).block(Block::bordered().title(" bytes per layer ")),
         area,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ratatui::backend::TestBackend;
+    use ratatui::Terminal;
+
+    fn shard(no: u32, count: u32) -> ShardRow {
+        ShardRow {
+            no,
+            count,
+            file: format!("big-{no:05}-of-{count:05}.cmf"),
+            tensors: 10,
+            bytes: 1000,
+            file_len: 2000,
+        }
+    }
+
+    fn draw_shards(shards: &[ShardRow], max_rows: usize, h: u16) -> Vec<String> {
+        let mut term = Terminal::new(TestBackend::new(70, h)).expect("test terminal");
+        let frame = term
+            .draw(|f| render_shards(f, f.area(), shards, max_rows, &Theme::plain()))
+            .expect("draw");
+        let buf = frame.buffer;
+        (0..buf.area.height)
+            .map(|y| {
+                (0..buf.area.width)
+                    .map(|x| buf[(x, y)].symbol())
+                    .collect::<String>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_long_shard_list_folds_its_middle_and_keeps_the_last() {
+        let shards: Vec<ShardRow> = (1..=20).map(|no| shard(no, 20)).collect();
+        let lines = draw_shards(&shards, 8, 10);
+        let text = lines.join("\n");
+        assert!(text.contains("one model in 20 files"), "{text}");
+        for no in 1..=6 {
+            assert!(text.contains(&format!("{no}/20")), "{text}");
+        }
+        assert!(!text.contains("7/20 "), "{text}");
+        assert!(
+            text.contains("+13 more") && text.contains("130 tensors"),
+            "{text}"
+        );
+        assert!(
+            text.contains("20/20") && text.contains("big-00020-of-00020.cmf"),
+            "{text}"
+        );
+        // One row left: everything folds into it.
+        let text = draw_shards(&shards, 1, 3).join("\n");
+        assert!(
+            text.contains("+20 more") && text.contains("200 tensors"),
+            "{text}"
+        );
+        // A short list is listed whole.
+        let few: Vec<ShardRow> = (1..=3).map(|no| shard(no, 3)).collect();
+        let text = draw_shards(&few, 8, 5).join("\n");
+        assert!(
+            text.contains("1/3") && text.contains("3/3") && !text.contains("more"),
+            "{text}"
+        );
+    }
 }

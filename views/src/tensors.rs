@@ -11,16 +11,21 @@ use ratatui::Frame;
 use crate::theme::Theme;
 
 /// Columns of the table, in display order.
-pub const COLUMNS: [&str; 8] = [
-    "name", "dtype", "shape", "elements", "bytes", "bits/w", "offset", "hash",
+pub const COLUMNS: [&str; COLS] = [
+    "name", "dtype", "shape", "elements", "bytes", "bits/w", "shard", "offset", "hash",
 ];
+pub const COLS: usize = 9;
 pub const NAME: usize = 0;
 pub const DTYPE: usize = 1;
-pub const HASH: usize = 7;
+/// Which shard holds the tensor (`2/3`): shown only for a sharded model (§10), beside the
+/// offset, which counts within that shard.
+pub const SHARD: usize = 6;
+pub const OFFSET: usize = 7;
+pub const HASH: usize = 8;
 
-const RIGHT_ALIGNED: [bool; 8] = [false, false, false, true, true, true, true, false];
+const RIGHT_ALIGNED: [bool; COLS] = [false, false, false, true, true, true, true, true, false];
 /// When the table is too narrow, columns are kept in this order (the sorted one first).
-const KEEP_ORDER: [usize; 7] = [1, 4, 2, 3, 5, 6, 7];
+const KEEP_ORDER: [usize; COLS - 1] = [1, 4, SHARD, 2, 3, 5, OFFSET, HASH];
 /// The name column never shrinks below this before other columns give way.
 const NAME_MIN: usize = 24;
 /// Selection marker (also what makes the selected row visible without colours).
@@ -33,7 +38,7 @@ pub enum RowVm {
     /// A layer's header when grouping: `label` is e.g. `layer 3 · 12 tensors · 4.1 KiB`.
     Group { label: String, collapsed: bool },
     /// A tensor: one formatted (and escaped) cell per column of [`COLUMNS`].
-    Tensor { cells: [String; 8] },
+    Tensor { cells: [String; COLS] },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -87,7 +92,9 @@ pub struct DetailVm {
 pub struct TensorsVm {
     pub title: String,
     /// Content width of each column over the whole directory (stable while scrolling).
-    pub widths: [usize; 8],
+    pub widths: [usize; COLS],
+    /// Whether the [`SHARD`] column is shown (a model of several shards).
+    pub shard_column: bool,
     /// The column that carries a sort indicator and whether it is descending.
     pub sorted: Option<(usize, bool)>,
     /// Extra words after the name header (`by layer ↑` for the natural order).
@@ -211,16 +218,18 @@ fn header_label(c: usize, vm: &TensorsVm) -> String {
 }
 
 fn plan_columns(width: usize, vm: &TensorsVm) -> Plan {
-    let mut w = [0usize; 8];
+    let shown = |c: usize| c != SHARD || vm.shard_column;
+    let mut w = [0usize; COLS];
     for (c, wc) in w.iter_mut().enumerate() {
         *wc = vm.widths[c].max(text_width(&header_label(c, vm)));
     }
     // One column stays free beside the scrollbar on the border.
     let avail = width.saturating_sub(MARKER_W + 1);
-    let full: usize = w.iter().sum::<usize>() + 2 * (w.len() - 1);
+    let n = (0..COLS).filter(|&c| shown(c)).count();
+    let full: usize = (0..COLS).filter(|&c| shown(c)).map(|c| w[c]).sum::<usize>() + 2 * (n - 1);
     if full <= avail {
         return Plan {
-            cols: w.iter().copied().enumerate().collect(),
+            cols: (0..COLS).filter(|&c| shown(c)).map(|c| (c, w[c])).collect(),
             gap: 2,
         };
     }
@@ -230,11 +239,11 @@ fn plan_columns(width: usize, vm: &TensorsVm) -> Plan {
     // The name is what tells tensors apart: it keeps over half the width if it needs it.
     let name_min = w[NAME].min((avail * 11 / 20).max(NAME_MIN));
     let mut used = name_min;
-    let mut keep = [false; 8];
+    let mut keep = [false; COLS];
     keep[NAME] = true;
     let sorted = vm.sorted.map(|(c, _)| c).filter(|&c| c != NAME);
     for c in sorted.into_iter().chain(KEEP_ORDER) {
-        if !keep[c] && used + gap + w[c] <= avail {
+        if shown(c) && !keep[c] && used + gap + w[c] <= avail {
             keep[c] = true;
             used += gap + w[c];
         }
@@ -242,7 +251,7 @@ fn plan_columns(width: usize, vm: &TensorsVm) -> Plan {
     // The name takes what is left: room for long names, or space before the next column.
     w[NAME] = name_min + avail.saturating_sub(used);
     Plan {
-        cols: (0..8).filter(|&c| keep[c]).map(|c| (c, w[c])).collect(),
+        cols: (0..COLS).filter(|&c| keep[c]).map(|c| (c, w[c])).collect(),
         gap,
     }
 }
@@ -610,6 +619,37 @@ mod tests {
         assert_eq!(r.len(), 32);
         assert_eq!(r.iter().sum::<u64>(), bins.iter().sum::<u64>());
         assert!(resample(&bins, 0).is_empty());
+    }
+
+    fn vm(shard_column: bool) -> TensorsVm {
+        TensorsVm {
+            title: String::new(),
+            widths: [20, 6, 8, 6, 8, 5, 3, 6, 16],
+            shard_column,
+            sorted: None,
+            name_note: None,
+            rows: Vec::new(),
+            selected: None,
+            total: 0,
+            offset: 0,
+            filter: None,
+            empty: String::new(),
+            detail: None,
+        }
+    }
+
+    #[test]
+    fn the_shard_column_shows_only_for_a_sharded_model() {
+        let cols = |v: &TensorsVm, w: usize| -> Vec<usize> {
+            plan_columns(w, v).cols.iter().map(|&(c, _)| c).collect()
+        };
+        assert!(!cols(&vm(false), 200).contains(&SHARD));
+        assert_eq!(cols(&vm(true), 200), (0..COLS).collect::<Vec<_>>());
+        // Narrow: the shard column outlasts shape, offset and hash.
+        let narrow = cols(&vm(true), 60);
+        assert!(narrow.contains(&SHARD), "{narrow:?}");
+        assert!(!narrow.contains(&HASH), "{narrow:?}");
+        assert!(!cols(&vm(false), 60).contains(&SHARD));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::directory::TensorEntry;
 use super::error::{parse, FormatError, Result};
@@ -38,8 +39,11 @@ pub struct TensorRef {
 /// One model: a single file, or every shard of a set in order.
 #[derive(Debug)]
 pub struct CmfModel {
-    pub shards: Vec<CmfFile>,
+    /// Shared, so that a caller can keep one shard (the primary) without the whole set.
+    pub shards: Vec<Arc<CmfFile>>,
     order: Vec<TensorRef>,
+    /// `starts[s]`: the merged index of shard `s`'s first tensor.
+    starts: Vec<usize>,
     by_name: HashMap<String, TensorRef>,
 }
 
@@ -111,9 +115,16 @@ impl CmfModel {
 
     /// Merges the directories of already-open files (in shard order).
     pub fn from_files(shards: Vec<CmfFile>) -> Result<CmfModel> {
+        CmfModel::from_shared(shards.into_iter().map(Arc::new).collect())
+    }
+
+    /// [`CmfModel::from_files`] for files already shared.
+    pub fn from_shared(shards: Vec<Arc<CmfFile>>) -> Result<CmfModel> {
         let mut order = Vec::new();
+        let mut starts = Vec::with_capacity(shards.len());
         let mut by_name = HashMap::new();
         for (s, f) in shards.iter().enumerate() {
+            starts.push(order.len());
             for (i, e) in f.directory.iter().enumerate() {
                 let r = TensorRef { shard: s, index: i };
                 if by_name.insert(e.name.clone(), r).is_some() {
@@ -128,6 +139,7 @@ impl CmfModel {
         Ok(CmfModel {
             shards,
             order,
+            starts,
             by_name,
         })
     }
@@ -150,10 +162,23 @@ impl CmfModel {
     }
 
     /// Every tensor in shard order, with the shard index.
-    pub fn tensors(&self) -> impl Iterator<Item = (usize, &TensorEntry)> + '_ {
+    pub fn tensors(&self) -> impl Iterator<Item = (usize, &TensorEntry)> + Clone + '_ {
         self.order
             .iter()
             .map(|r| (r.shard, &self.shards[r.shard].directory.entries[r.index]))
+    }
+
+    /// The `k`-th tensor of the merged directory (shard order, as [`CmfModel::tensors`]),
+    /// with its shard index: random access for views that keep index vectors.
+    pub fn tensor_at(&self, k: usize) -> Option<(usize, &TensorEntry)> {
+        let r = self.order.get(k)?;
+        Some((r.shard, &self.shards[r.shard].directory.entries[r.index]))
+    }
+
+    /// The merged index of entry `index` of shard `shard`'s own directory.
+    pub fn merged_index(&self, shard: usize, index: usize) -> Option<usize> {
+        let start = *self.starts.get(shard)?;
+        (index < self.shards[shard].directory.len()).then_some(start + index)
     }
 
     pub fn get(&self, name: &str) -> Option<(usize, &TensorEntry)> {
@@ -188,5 +213,53 @@ mod tests {
         );
         assert_eq!(parse_shard_name(Path::new("model.cmf")), None);
         assert_eq!(parse_shard_name(Path::new("model-1-of-2.cmf")), None);
+    }
+
+    #[test]
+    fn merged_directory_is_indexed_by_shard() {
+        use crate::format::writer::{self, TensorPlan, WriteSpec};
+        use crate::format::DType;
+        let dir = std::env::temp_dir().join(format!(
+            "cortiq-shards-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("m.cmf");
+        // Rough f32 sizes 16, 32, 16 against a limit of 40: shards [a], [b], [c].
+        let plan = |name: &str, n: u64| TensorPlan {
+            name: name.into(),
+            dtype: DType::F16,
+            shape: vec![n],
+        };
+        let spec = WriteSpec {
+            tensors: vec![plan("a", 4), plan("b", 8), plan("c", 4)],
+            ..Default::default()
+        };
+        let payloads: Vec<Vec<u8>> = [4u8, 8, 4]
+            .iter()
+            .map(|&n| vec![n; 2 * n as usize])
+            .collect();
+        writer::write_sharded(&out, spec, 20, |i| {
+            Ok(std::borrow::Cow::Borrowed(payloads[i].as_slice()))
+        })
+        .unwrap();
+        let m = CmfModel::open(writer::shard_name(&out, 3, 3)).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(m.shards.len(), 3);
+        let names: Vec<(usize, &str)> = (0..m.tensor_count())
+            .map(|k| m.tensor_at(k).map(|(s, e)| (s, e.name.as_str())).unwrap())
+            .collect();
+        assert_eq!(names, [(0, "a"), (1, "b"), (2, "c")]);
+        assert!(m.tensor_at(3).is_none());
+        assert_eq!(m.merged_index(1, 0), Some(1));
+        assert_eq!(m.merged_index(2, 0), Some(2));
+        assert_eq!(m.merged_index(1, 1), None);
+        assert_eq!(m.merged_index(3, 0), None);
+        assert!(m.tensors().eq((0..3).map(|k| m.tensor_at(k).unwrap())));
+        // The primary can be kept on its own.
+        let primary = Arc::clone(&m.shards[0]);
+        drop(m);
+        assert_eq!(primary.header.shard.map(|s| s.no), Some(1));
     }
 }
