@@ -70,7 +70,7 @@ enum Command {
     /// Skills: list, export to a standalone skill file, apply one, add one (append-only).
     #[command(subcommand)]
     Skill(cli::skill::Command),
-    /// Write a self-made demo model (every dtype, masks, a skill, experts) and show it.
+    /// Fetch SmolLM2-135M-Instruct once, import it as a demo CMF and chat with it (--synthetic: the self-made demo).
     Demo(cli::demo::Args),
     /// Every position's logits (and hidden states) of one forward, as safetensors.
     Logits(cli::logits::Args),

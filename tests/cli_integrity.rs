@@ -231,7 +231,7 @@ fn skill_export_apply_and_add_through_the_cli() {
 fn demo_writes_a_file_that_verifies_and_has_everything() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("demo.cmf");
-    let o = run!("demo", "-o", out, "--json");
+    let o = run!("demo", "--synthetic", "-o", out, "--json");
     assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
     let v = json(&o);
     assert_eq!(v["masks"], serde_json::json!(["general", "code", "chat"]));
@@ -252,7 +252,7 @@ fn demo_writes_a_file_that_verifies_and_has_everything() {
         .iter()
         .any(|e| e["name"].as_str().unwrap().contains("experts.7")));
     let first = std::fs::read(&out).unwrap();
-    assert_eq!(code(&run!("demo", "-o", out)), 0);
+    assert_eq!(code(&run!("demo", "--synthetic", "-o", out)), 0);
     assert_eq!(
         std::fs::read(&out).unwrap(),
         first,

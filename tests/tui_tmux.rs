@@ -8,7 +8,6 @@ mod common;
 use common::tmux::Session;
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 fn fixture(name: &str) -> PathBuf {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -652,6 +652,14 @@ impl ChatState {
 
     /// Enter in the input: a `/command`, an edited question, or a new one.
     fn submit(&mut self) -> Option<String> {
+        // Enter on an empty input of a new chat sends the suggested prompt.
+        if self.input.text.trim().is_empty()
+            && self.messages.is_empty()
+            && !self.suggested.is_empty()
+        {
+            let s = self.suggested.clone();
+            self.input.set(&s);
+        }
         let text = self.input.text.trim_end().to_string();
         if text.trim().is_empty() {
             return None;
@@ -1070,7 +1078,7 @@ impl ChatState {
         let placeholder = if self.suggested.is_empty() {
             "Ask something… (Enter sends · /system /set /save /load /reset)".to_string()
         } else {
-            format!("Try: {}", self.suggested)
+            format!("Try: {} (Enter asks it)", self.suggested)
         };
         let rows: Vec<SamplingRowVm>;
         let prompt_vms: Vec<PromptTokenVm>;
