@@ -5,9 +5,9 @@
 //! both together: render a conversation the way Hugging Face's `apply_chat_template` does
 //! ([`template`]), tokenize the prompt, and know where generation stops ([`tokenizer`]).
 
+pub mod conversation;
 mod pyfmt;
 mod strftime;
-pub mod conversation;
 pub mod template;
 pub mod tokenizer;
 
