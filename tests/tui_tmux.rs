@@ -3,7 +3,6 @@
 //! tensors are filtered, a histogram opened, verify run to green, a corrupted copy opened
 //! to its error view, and quitting leaves the terminal (the tmux pane) cleanly.
 
-#[allow(dead_code)]
 mod common;
 use common::tmux::Session;
 

@@ -466,11 +466,7 @@ impl ChatState {
             Action::Down if !self.focused => self.scroll = self.scroll.saturating_sub(1),
             Action::Home if !self.focused => self.scroll = usize::MAX / 2,
             Action::End if !self.focused => self.scroll = 0,
-            a if self.focused => {
-                if self.input.edit(a) {
-                    self.history_pos = None;
-                }
-            }
+            a if self.focused && self.input.edit(a) => self.history_pos = None,
             _ => {}
         }
         None
@@ -761,9 +757,7 @@ impl ChatState {
 
     fn update_popup(&mut self, a: &Action, page: usize) -> Option<String> {
         let n_tokens = self.last_reply().map_or(0, |m| m.tokens.len());
-        let Some(popup) = self.popup.as_mut() else {
-            return None;
-        };
+        let popup = self.popup.as_mut()?;
         match popup {
             Popup::Prompt { scroll, ids } => match a {
                 Action::Back | Action::Chat(ChatCmd::PromptInspector) => self.popup = None,
@@ -960,7 +954,7 @@ impl ChatState {
             cache.resize_with(self.messages.len(), Rendered::default);
         }
         cache.truncate(self.messages.len());
-        if cache[i].key == key && !(cache[i].lines.is_empty() && !m.text.is_empty()) {
+        if cache[i].key == key && (!cache[i].lines.is_empty() || m.text.is_empty()) {
             return;
         }
         cache[i].lines = match m.role {

@@ -95,7 +95,7 @@ fn chat_key(
     if !(plain_char && c.typing()) {
         if let Some(a) = app.keymap.chat_action_for(k) {
             // Enter edits inside a popup field; the chat's own Enter only in the input.
-            if !(matches!(a, Action::Chat(super::chat::ChatCmd::Send)) && !c.focused) {
+            if !matches!(a, Action::Chat(super::chat::ChatCmd::Send)) || c.focused {
                 return Some(a);
             }
         }

@@ -341,7 +341,7 @@ fn chat_loop(a: &Args, conv: &mut Conversation, interrupt: &Interrupt) -> CmdRes
             continue;
         }
         let retry = match command(a, conv, text.trim()) {
-            Command::NotACommand => false,
+            Command::Message => false,
             Command::Retry => true,
             Command::Done(msg) => {
                 if !msg.is_empty() {
@@ -380,7 +380,8 @@ fn chat_loop(a: &Args, conv: &mut Conversation, interrupt: &Interrupt) -> CmdRes
 }
 
 enum Command {
-    NotACommand,
+    /// Not a command: a message to answer.
+    Message,
     Retry,
     Exit,
     /// Handled; print this.
@@ -390,7 +391,7 @@ enum Command {
 /// `/commands` of the line chat.
 fn command(a: &Args, conv: &mut Conversation, text: &str) -> Command {
     let Some(rest) = text.strip_prefix('/') else {
-        return Command::NotACommand;
+        return Command::Message;
     };
     let (name, arg) = rest
         .split_once(char::is_whitespace)

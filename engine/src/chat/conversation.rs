@@ -309,6 +309,8 @@ pub struct Reply<'c> {
 
 impl Reply<'_> {
     /// One prefill chunk or one token.
+    // Not an Iterator: every call says what happened (Done included) or why it failed.
+    #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<ReplyStep, ConversationError> {
         match self.generation.next() {
             Ok(Step::Prefill { done, total }) => Ok(ReplyStep::Prefill { done, total }),

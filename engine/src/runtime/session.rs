@@ -360,6 +360,8 @@ pub struct Generation<'s> {
 
 impl Generation<'_> {
     /// Advances by one prefill chunk or one token. Runs inside the engine's pool.
+    // Not an Iterator: every call says what happened (Done included) or why it failed.
+    #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<Step, GenerationError> {
         crate::exec::pool().install(|| self.advance())
     }
