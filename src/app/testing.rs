@@ -98,29 +98,25 @@ impl Harness {
     /// Feeds worker reports until `done(app)` holds, like [`Harness::pump_until`], with a
     /// longer limit for model loads on a busy machine.
     pub fn pump_chat(&mut self, what: &str, done: impl Fn(&App) -> bool) -> &mut Harness {
-        let start = Instant::now();
-        while !done(&self.app) {
-            match self.rx.recv_timeout(Duration::from_millis(50)) {
-                Ok(a) => self.app.update(a),
-                Err(_) => assert!(
-                    start.elapsed() < Duration::from_secs(120),
-                    "timed out waiting for {what}"
-                ),
-            }
-        }
-        self
+        self.pump_within(what, Duration::from_secs(120), done)
     }
 
     /// Feeds worker reports to the app until `done(app)` holds; panics after 20 s.
     pub fn pump_until(&mut self, what: &str, done: impl Fn(&App) -> bool) -> &mut Harness {
+        self.pump_within(what, Duration::from_secs(20), done)
+    }
+
+    fn pump_within(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        done: impl Fn(&App) -> bool,
+    ) -> &mut Harness {
         let start = Instant::now();
         while !done(&self.app) {
             match self.rx.recv_timeout(Duration::from_millis(50)) {
                 Ok(a) => self.app.update(a),
-                Err(_) => assert!(
-                    start.elapsed() < Duration::from_secs(20),
-                    "timed out waiting for {what}"
-                ),
+                Err(_) => assert!(start.elapsed() < limit, "timed out waiting for {what}"),
             }
         }
         self
