@@ -13,7 +13,9 @@ if [ "$have" = 0 ]; then
   mkdir -p "$DEST"
   tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
   echo "fetching llama.cpp's vocabulary test set into $DEST ..." >&2
-  python3 -m pip download --quiet --no-deps --no-binary :all: -d "$tmp" llama-cpp-python==0.3.36 >&2
+  # Only the package itself as source: its build tools (cmake, ...) as wheels, so pip does
+  # not compile cmake to read the metadata.
+  python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python -d "$tmp" llama-cpp-python==0.3.36 >&2
   tar -xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$tmp" --wildcards '*/vendor/llama.cpp/models/ggml-vocab-*'
   for n in $NAMES; do
     cp "$tmp"/llama_cpp_python-*/vendor/llama.cpp/models/ggml-vocab-"$n".gguf* "$DEST/"
