@@ -305,6 +305,7 @@ fn one_shot_raw(
 const CHAT_HELP: &str = "commands:
   /system TEXT        set the system prompt (/system alone clears it)
   /set KEY VALUE      temp, top-k, top-p, min-p, repeat, seed, max-tokens, greedy on|off,
+                      ignore-eos on|off,
                       var NAME=VALUE (a template variable, e.g. var enable_thinking=false)
   /show               the settings in force
   /retry              answer the last question again
@@ -559,6 +560,11 @@ pub fn set_setting(s: &mut Settings, arg: &str) -> Result<(), String> {
                 }
             }
             other => return Err(format!("greedy {other:?}: expected on or off")),
+        },
+        "ignore-eos" | "ignore_eos" => match value {
+            "on" | "true" | "1" => next.ignore_eos = true,
+            "off" | "false" | "0" => next.ignore_eos = false,
+            other => return Err(format!("ignore-eos {other:?}: expected on or off")),
         },
         "var" => {
             let (k, v) = parse_var(value, "var").map_err(|e| e.message)?;
