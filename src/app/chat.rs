@@ -371,6 +371,8 @@ impl ChatState {
             }
             ChatReport::Failed { message, .. } => {
                 self.generating = false;
+                // A failed replay has no verdict to wait for.
+                self.replay = None;
                 self.prefill = None;
                 match self.messages.last_mut().filter(|m| m.streaming) {
                     Some(m) => {

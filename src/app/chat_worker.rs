@@ -586,33 +586,25 @@ fn load_session(
     }
     if replay {
         let _fg = Foreground::begin();
-        let (mut same, mut differ) = (0, 0);
-        for (i, m) in saved.messages.iter().enumerate() {
-            if m.role != cortiq_engine::chat::conversation::Role::Assistant {
-                continue;
-            }
-            if cancel.load(Ordering::Relaxed) {
-                break;
-            }
-            conv.rewind_to(saved, i);
-            match conv.reply().and_then(|r| r.run(&mut |_| {})) {
-                Ok((_, ids, _)) if ids == m.ids => same += 1,
-                Ok(_) => differ += 1,
-                Err(e) => {
-                    report(ChatReport::Failed {
-                        job,
-                        message: e.to_string(),
-                    });
-                    break;
-                }
-            }
-        }
-        conv.set_messages(saved.messages.clone());
+        let result = conv.replay_until(saved, &|| cancel.load(Ordering::Relaxed));
         report(ChatReport::Messages {
             job,
             messages: saved.messages.clone(),
         });
-        report(ChatReport::Replayed { job, same, differ });
+        match result {
+            Ok(turns) => {
+                let same = turns.iter().filter(|t| t.same()).count();
+                report(ChatReport::Replayed {
+                    job,
+                    same,
+                    differ: turns.len() - same,
+                });
+            }
+            Err(e) => report(ChatReport::Failed {
+                job,
+                message: e.to_string(),
+            }),
+        }
     } else {
         conv.set_messages(saved.messages.clone());
         report(ChatReport::Messages {

@@ -565,21 +565,40 @@ impl Conversation {
     /// Replays every assistant turn of `saved` in order (from the same settings), each
     /// from the saved messages before it. A greedy session reproduces its ids.
     pub fn replay(&mut self, saved: &SavedSession) -> Result<Vec<ReplayTurn>, ConversationError> {
+        self.replay_until(saved, &|| false)
+    }
+
+    /// [`Conversation::replay`], stopping before the next turn once `cancelled()` says so;
+    /// the conversation holds the saved messages afterwards either way.
+    pub fn replay_until(
+        &mut self,
+        saved: &SavedSession,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Vec<ReplayTurn>, ConversationError> {
         self.settings = saved.settings();
         let mut turns = Vec::new();
+        let mut result = Ok(());
         for (i, m) in saved.messages.iter().enumerate() {
             if m.role != Role::Assistant {
                 continue;
             }
+            if cancelled() {
+                break;
+            }
             self.rewind_to(saved, i);
-            let (_, ids, _) = self.reply()?.run(&mut |_| {})?;
-            turns.push(ReplayTurn {
-                turn: i,
-                saved: m.ids.clone(),
-                replayed: ids,
-            });
+            match self.reply().and_then(|r| r.run(&mut |_| {})) {
+                Ok((_, ids, _)) => turns.push(ReplayTurn {
+                    turn: i,
+                    saved: m.ids.clone(),
+                    replayed: ids,
+                }),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
         }
         self.messages = saved.messages.clone();
-        Ok(turns)
+        result.map(|()| turns)
     }
 }
