@@ -7,3 +7,4 @@ pub mod quant;
 pub mod runtime;
 pub mod stats;
 pub mod synth;
+pub mod tinymodel;

@@ -84,7 +84,7 @@ fn close(what: &str, got: &[f32], want: &[f32]) {
 
 pub fn check_logits(what: &str, model: &Model, r: &Reference) -> Vec<f32> {
     let t = r.input_ids.len();
-    let mut cache = model.new_cache(64);
+    let mut cache = model.new_state(64);
     let mut ws = model.new_workspace(t);
     let mut hidden = Vec::new();
     model
@@ -135,7 +135,7 @@ fn hf_family(family: &str) {
     }
     // Greedy continuation through the KV cache: prefill, then one token at a time.
     let greedy = r.greedy.expect("greedy_ids");
-    let mut cache = model.new_cache(128);
+    let mut cache = model.new_state(128);
     let mut ws = model.new_workspace(8);
     let mut next = None;
     for chunk in r.input_ids.chunks(8) {
@@ -177,6 +177,26 @@ fn gemma3() {
 }
 
 #[test]
+fn qwen3_5_gated_deltanet_hybrid() {
+    hf_family("qwen3_5");
+}
+
+#[test]
+fn qwen3_5_moe_hybrid() {
+    hf_family("qwen3_5_moe");
+}
+
+#[test]
+fn qwen2_moe_shared_expert_and_dense_layer() {
+    hf_family("qwen2_moe");
+}
+
+#[test]
+fn qwen3_moe() {
+    hf_family("qwen3_moe");
+}
+
+#[test]
 fn llama_gguf_source() {
     hf_family("llama_gguf");
 }
@@ -201,8 +221,115 @@ fn reference_files_of_every_dtype() {
         "qwen3-vbit",
         "qwen3-q4tp",
         "qwen3-q1t",
+        "qwen3_5-q8",
+        "qwen3_moe-q8",
     ] {
         reference_file(stem);
+    }
+}
+
+/// The reference's masked MoE file (a task mask with expert fields) loads and runs.
+#[test]
+fn masked_moe_file_loads() {
+    let path = common::fixture("cmf/qwen3_moe-masked.cmf");
+    let model = Model::load(Arc::new(CmfModel::open(&path).unwrap())).unwrap();
+    assert!(model.has_moe());
+    let mut state = model.new_state(8);
+    let mut ws = model.new_workspace(4);
+    model
+        .forward(&[1, 2, 3, 4], &mut state, &mut ws, Logits::Last, None)
+        .unwrap();
+    assert!(ws.logits.iter().all(|v| v.is_finite()));
+    let moe_layers = ws.routes.iter().filter(|r| r.k > 0).count();
+    assert_eq!(moe_layers, 4, "every layer of qwen3_moe routes");
+}
+
+/// Logits of every position from one forward (the chunked form for linear attention),
+/// and from feeding the same tokens one at a time (the recurrent form): within the
+/// contract for every family, and bit for bit where no layer is linear attention (a
+/// matrix product equals its matrix-vector products exactly, MoE groups included).
+#[test]
+fn batch_and_token_by_token_agree_for_every_family() {
+    let dir = tempfile::tempdir().unwrap();
+    for family in [
+        "llama",
+        "qwen2",
+        "qwen3",
+        "gemma3",
+        "qwen3_5",
+        "qwen3_5_moe",
+        "qwen2_moe",
+        "qwen3_moe",
+    ] {
+        let model = convert_f32(family, dir.path());
+        let r = reference(&common::fixture(&format!(
+            "hf/{family}/reference.safetensors"
+        )));
+        let t = r.input_ids.len();
+        let v = model.config.vocab;
+        let mut state = model.new_state(t);
+        let mut ws = model.new_workspace(t);
+        model
+            .forward(&r.input_ids, &mut state, &mut ws, Logits::All, None)
+            .unwrap();
+        let batch = ws.logits.clone();
+        let mut state = model.new_state(t);
+        let mut ws = model.new_workspace(1);
+        let mut stepped = Vec::with_capacity(t * v);
+        for &id in &r.input_ids {
+            model
+                .forward(&[id], &mut state, &mut ws, Logits::Last, None)
+                .unwrap();
+            stepped.extend_from_slice(&ws.logits[..v]);
+        }
+        let linear = model.layers.iter().any(|l| l.is_linear_attention());
+        if linear {
+            close(&format!("{family} batch vs stepped"), &batch, &stepped);
+        } else {
+            assert!(
+                batch == stepped,
+                "{family}: a batch forward differs from token-by-token decoding"
+            );
+        }
+    }
+}
+
+/// The two forms of the delta rule over the same 32 tokens: the chunked one (with a
+/// chunk boundary inside, from a 24-token workspace) and the recurrent one.
+#[test]
+fn gated_deltanet_chunked_and_recurrent_forms_agree() {
+    use cortiq_engine::model::gated_deltanet::Form;
+    let dir = tempfile::tempdir().unwrap();
+    for family in ["qwen3_5", "qwen3_5_moe"] {
+        let model = convert_f32(family, dir.path());
+        let r = reference(&common::fixture(&format!(
+            "hf/{family}/reference.safetensors"
+        )));
+        let run = |form: Form, chunk: usize| {
+            let mut state = model.new_state(64);
+            let mut ws = model.new_workspace(chunk);
+            ws.form = form;
+            let mut out = Vec::new();
+            for ids in r.input_ids.chunks(chunk) {
+                model
+                    .forward(ids, &mut state, &mut ws, Logits::All, None)
+                    .unwrap();
+                out.extend_from_slice(&ws.logits);
+            }
+            out
+        };
+        let recurrent = run(Form::Recurrent, 32);
+        close(
+            &format!("{family} chunked"),
+            &run(Form::Chunked, 32),
+            &recurrent,
+        );
+        close(
+            &format!("{family} chunked 24+8"),
+            &run(Form::Chunked, 24),
+            &recurrent,
+        );
+        close(&format!("{family} reference"), &recurrent, &r.logits);
     }
 }
 
@@ -369,7 +496,7 @@ fn fast_precision_agrees_with_the_exact_path() {
         )));
         let t = r.input_ids.len();
         let run = |m: &Model| {
-            let mut cache = m.new_cache(t);
+            let mut cache = m.new_state(t);
             let mut ws = m.new_workspace(t);
             m.forward(&r.input_ids, &mut cache, &mut ws, Logits::All, None)
                 .unwrap();

@@ -413,10 +413,7 @@ fn load(
         Err(LoadError::Model(ModelError::Unsupported(what))) => {
             report(unavailable(
                 "The engine cannot run this model yet",
-                format!(
-                    "It needs {what}. Mixture-of-Experts and Gated DeltaNet blocks come in a \
-                     later release; the other views work as before."
-                ),
+                format!("It needs {what}. The other views work as before."),
                 false,
                 false,
             ));

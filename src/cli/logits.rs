@@ -43,7 +43,7 @@ pub fn run(a: &Args) -> CmdResult {
     let model = a.model.load()?;
     let c = &model.config;
     let t = ids.len();
-    let mut cache = model.new_cache(t);
+    let mut cache = model.new_state(t);
     let mut ws = model.new_workspace(t);
     let mut hidden = a.hidden.then(Vec::new);
     model

@@ -65,7 +65,7 @@ pub fn run(a: &Args) -> CmdResult {
         .unwrap_or(c.max_positions)
         .min(c.max_positions)
         .max(2);
-    let mut cache = model.new_cache(window);
+    let mut cache = model.new_state(window);
     let mut ws = model.new_workspace(PREFILL_CHUNK);
     let mut nlls = Vec::with_capacity(ids.len() - 1);
     let v = c.vocab;

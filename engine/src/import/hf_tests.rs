@@ -815,7 +815,7 @@ fn gemma_embedding_scale_is_the_exact_f32_root() {
     let model =
         crate::model::Model::load(std::sync::Arc::new(CmfModel::open(&out).unwrap())).unwrap();
     assert_eq!(model.config.embed_multiplier, Some(exact));
-    let (mut cache, mut ws) = (model.new_cache(8), model.new_workspace(1));
+    let (mut cache, mut ws) = (model.new_state(8), model.new_workspace(1));
     let mut states = Vec::new();
     let id = 7usize;
     model

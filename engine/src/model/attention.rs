@@ -1,14 +1,19 @@
 //! Softmax attention with grouped KV heads (GQA): optional q/k/v biases and per-head q/k
-//! RMSNorm (by tensor presence), RoPE (partial rotary included), a sliding window, and
-//! Gemma 2's logit soft-capping.
+//! RMSNorm (by tensor presence), RoPE (partial rotary included), a sliding window,
+//! Gemma 2's logit soft-capping, and Qwen3-Next / Qwen3.5's output gate: a `q_proj` of
+//! twice the width carries, per head, the query then a gate, and the attention output is
+//! multiplied by `σ(gate)` before `o_proj`.
 
 use std::cell::RefCell;
 
 use rayon::prelude::*;
 
+use super::config::{self, LayerKind, ModelConfig};
 use super::linear::Linear;
 use super::norm::RmsNorm;
 use super::rope::Rope;
+use super::scope::Scope;
+use super::ModelError;
 use crate::model::kv_cache::LayerKv;
 
 #[derive(Clone, Debug)]
@@ -33,11 +38,16 @@ pub struct Attention {
     pub q_norm: Option<RmsNorm>,
     pub k_norm: Option<RmsNorm>,
     pub rope: Rope,
+    /// `q_proj` holds `[q_h; gate_h]` per head (the output gate).
+    pub output_gate: bool,
 }
 
 /// Buffers for one forward of up to `t_max` tokens, allocated once per session.
 #[derive(Debug)]
 pub struct AttentionScratch {
+    /// `q_proj`'s output when it carries the gate: [t, heads, 2·head_dim].
+    qg: Vec<f32>,
+    gate: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
@@ -47,10 +57,14 @@ pub struct AttentionScratch {
 }
 
 impl AttentionScratch {
-    pub fn new(cfg: &AttentionConfig, t_max: usize) -> AttentionScratch {
+    /// `gated`: some layer has the output gate.
+    pub fn new(cfg: &AttentionConfig, t_max: usize, gated: bool) -> AttentionScratch {
         let q = t_max * cfg.n_heads * cfg.head_dim;
         let kv = t_max * cfg.n_kv_heads * cfg.head_dim;
+        let g = if gated { q } else { 0 };
         AttentionScratch {
+            qg: vec![0.0; 2 * g],
+            gate: vec![0.0; g],
             q: vec![0.0; q],
             k: vec![0.0; kv],
             v: vec![0.0; kv],
@@ -81,6 +95,59 @@ pub fn reserve_scores(positions: usize) {
 }
 
 impl Attention {
+    /// Loads `q_proj`, `k_proj`, `v_proj`, `o_proj` (biases and `q_norm` / `k_norm` when
+    /// present) from `s` (`model.layers.{i}.self_attn`). A `q_proj` of `2·heads·head_dim`
+    /// rows carries the output gate.
+    pub fn load(s: &Scope, c: &ModelConfig, kind: LayerKind) -> Result<Attention, ModelError> {
+        let (h, hd) = (c.hidden, c.head_dim);
+        let sliding = kind == LayerKind::SlidingAttention;
+        let theta = match (sliding, c.rope_local_theta) {
+            (true, Some(local)) => local,
+            _ => c.rope_theta,
+        };
+        // Gemma 3 scales only its global layers' RoPE; its local layers use the plain base.
+        let scaling = if sliding && c.rope_local_theta.is_some() {
+            config::RopeScaling::None
+        } else {
+            c.rope_scaling.clone()
+        };
+        let q_rows = s.rows("q_proj.weight")?;
+        let output_gate = q_rows == 2 * c.n_heads * hd;
+        Ok(Attention {
+            cfg: AttentionConfig {
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: hd,
+                scale: (c.query_pre_attn_scalar.unwrap_or(hd as f64)).powf(-0.5) as f32,
+                window: if sliding { c.sliding_window } else { None },
+                softcap: c.attn_softcap,
+            },
+            q_proj: s.linear(
+                "q_proj",
+                if output_gate { q_rows } else { c.n_heads * hd },
+                h,
+                true,
+            )?,
+            k_proj: s.linear("k_proj", c.n_kv_heads * hd, h, true)?,
+            v_proj: s.linear("v_proj", c.n_kv_heads * hd, h, true)?,
+            o_proj: s.linear("o_proj", h, c.n_heads * hd, true)?,
+            q_norm: s.norm_opt("q_norm", hd)?,
+            k_norm: s.norm_opt("k_norm", hd)?,
+            rope: Rope::new(theta, c.rotary_dim(), &scaling),
+            output_gate,
+        })
+    }
+
+    /// The weight matrices (for precision and masks).
+    pub fn linears_mut(&mut self) -> [&mut Linear; 4] {
+        [
+            &mut self.q_proj,
+            &mut self.k_proj,
+            &mut self.v_proj,
+            &mut self.o_proj,
+        ]
+    }
+
     /// `h` [t, hidden] (normed input) at positions `pos0..pos0+t` → `out` [t, hidden].
     /// The new keys and values are appended to `kv` at those positions.
     pub fn forward(
@@ -97,7 +164,16 @@ impl Attention {
         let q = &mut s.q[..t * nq * hd];
         let k = &mut s.k[..t * nkv * hd];
         let v = &mut s.v[..t * nkv * hd];
-        Linear::forward_many([&self.q_proj, &self.k_proj, &self.v_proj], h, t, [q, k, v]);
+        if self.output_gate {
+            let qg = &mut s.qg[..2 * t * nq * hd];
+            Linear::forward_many([&self.q_proj, &self.k_proj, &self.v_proj], h, t, [qg, k, v]);
+            for (j, pair) in s.qg[..2 * t * nq * hd].chunks_exact(2 * hd).enumerate() {
+                q[j * hd..(j + 1) * hd].copy_from_slice(&pair[..hd]);
+                s.gate[j * hd..(j + 1) * hd].copy_from_slice(&pair[hd..]);
+            }
+        } else {
+            Linear::forward_many([&self.q_proj, &self.k_proj, &self.v_proj], h, t, [q, k, v]);
+        }
         if let Some(n) = &self.q_norm {
             n.forward_inplace(q);
         }
@@ -139,6 +215,11 @@ impl Attention {
                         head(i, hq, o);
                     }
                 });
+        }
+        if self.output_gate {
+            for (a, &g) in att.iter_mut().zip(&s.gate[..t * nq * hd]) {
+                *a *= 1.0 / (1.0 + (-g).exp());
+            }
         }
         self.o_proj.forward(att, t, out);
     }

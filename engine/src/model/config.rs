@@ -78,6 +78,14 @@ pub struct ModelConfig {
     pub query_pre_attn_scalar: Option<f64>,
     pub attn_softcap: Option<f32>,
     pub final_softcap: Option<f32>,
+    /// `arch.moe` (§2.2): which layers are MoE is decided by the router's presence.
+    pub moe: Option<super::moe::MoeConfig>,
+    /// Gated DeltaNet key heads and their dimension (`linear_num_key_heads`,
+    /// `linear_key_head_dim`); the other sizes come from the tensors.
+    pub linear_key_heads: Option<usize>,
+    pub linear_key_head_dim: Option<usize>,
+    /// `arch.mtp.num_layers` (§2.1), when the file declares an MTP head.
+    pub mtp_layers: Option<usize>,
 }
 
 fn bad(field: &str, reason: impl Into<String>) -> ModelError {
@@ -262,6 +270,27 @@ impl ModelConfig {
             query_pre_attn_scalar: f64_of(x, "query_pre_attn_scalar"),
             attn_softcap: softcap("attn_logit_softcapping"),
             final_softcap: softcap("final_logit_softcapping"),
+            moe: match &a.moe {
+                Some(m) => Some(super::moe::MoeConfig {
+                    num_experts: positive("moe.num_experts", Some(m.num_experts))?,
+                    top_k: positive("moe.top_k", Some(m.top_k))?,
+                    norm_topk_prob: m.norm_topk_prob.unwrap_or(true),
+                }),
+                None => None,
+            },
+            linear_key_heads: a
+                .linear_num_key_heads
+                .map(|v| positive("linear_num_key_heads", Some(v)))
+                .transpose()?,
+            linear_key_head_dim: x
+                .get("linear_key_head_dim")
+                .and_then(Value::as_u64)
+                .map(|v| positive("linear_key_head_dim", Some(v)))
+                .transpose()?,
+            mtp_layers: match &a.mtp {
+                Some(m) => Some(positive("mtp.num_layers", Some(m.num_layers))?),
+                None => None,
+            },
         })
     }
 

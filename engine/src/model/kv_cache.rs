@@ -1,4 +1,4 @@
-//! The KV cache: per layer, keys and values of every position `[capacity, kv_heads·head_dim]`,
+//! An attention layer's KV cache: keys and values of every position `[capacity, kv_heads·head_dim]`,
 //! allocated once for the session's context. The buffers are zero-initialised
 //! allocations, so the OS maps their pages only as positions are written: a long context
 //! costs RSS only when it is used.
@@ -34,34 +34,13 @@ impl LayerKv {
         &self.k[a..a + self.head_dim]
     }
 
+    /// Bytes one position costs (keys and values).
+    pub fn bytes_per_position(&self) -> usize {
+        self.width * 2 * 4
+    }
+
     pub fn value(&self, pos: usize, kv_head: usize) -> &[f32] {
         let a = pos * self.width + kv_head * self.head_dim;
         &self.v[a..a + self.head_dim]
-    }
-}
-
-/// Every layer's cache, and how many positions hold valid entries.
-#[derive(Debug)]
-pub struct KvCache {
-    pub layers: Vec<LayerKv>,
-    pub capacity: usize,
-    /// Positions `0..len` are filled.
-    pub len: usize,
-}
-
-impl KvCache {
-    pub fn new(layers: usize, capacity: usize, kv_heads: usize, head_dim: usize) -> KvCache {
-        KvCache {
-            layers: (0..layers)
-                .map(|_| LayerKv::new(capacity, kv_heads, head_dim))
-                .collect(),
-            capacity,
-            len: 0,
-        }
-    }
-
-    /// Forgets positions from `len` on (a new conversation, or a rolled-back draft).
-    pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
     }
 }

@@ -2,6 +2,8 @@
 
 use super::config::Activation;
 use super::linear::Linear;
+use super::scope::Scope;
+use super::ModelError;
 
 #[derive(Clone, Debug)]
 pub struct Mlp {
@@ -27,6 +29,26 @@ impl MlpScratch {
 }
 
 impl Mlp {
+    /// `gate_proj`, `up_proj`, `down_proj` from `s`; the width comes from `gate_proj`'s
+    /// rows (§11: a defragmented file's layers each have their own).
+    pub fn load(s: &Scope, hidden: usize, act: Activation) -> Result<Mlp, ModelError> {
+        let inter = s.rows("gate_proj.weight")?;
+        Ok(Mlp {
+            gate: s.linear("gate_proj", inter, hidden, true)?,
+            up: s.linear("up_proj", inter, hidden, true)?,
+            down: s.linear("down_proj", hidden, inter, true)?,
+            act,
+        })
+    }
+
+    pub fn intermediate(&self) -> usize {
+        self.gate.out_dim()
+    }
+
+    pub fn linears_mut(&mut self) -> [&mut Linear; 3] {
+        [&mut self.gate, &mut self.up, &mut self.down]
+    }
+
     /// `h` [t, hidden] → `out` [t, hidden].
     pub fn forward(&self, h: &[f32], t: usize, s: &mut MlpScratch, out: &mut [f32]) {
         let n = self.gate.out_dim() * t;

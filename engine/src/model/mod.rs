@@ -2,29 +2,36 @@
 //! stay in the mmap in their stored dtype.
 //!
 //! [`Model::forward`] is the whole computation, top to bottom: embed → layers → final norm
-//! → LM head. Sessions (`runtime`) own the KV cache and the [`Workspace`]; the model itself
-//! is immutable and shared between threads.
+//! → LM head. Sessions (`runtime`) own the per-layer state ([`state::ModelState`]: KV
+//! cache and recurrent state) and the [`Workspace`]; the model itself is immutable and
+//! shared between threads.
 
 pub mod attention;
 pub mod block;
 pub mod config;
+pub mod gated_deltanet;
 pub mod kv_cache;
 pub mod linear;
 pub mod mlp;
+pub mod moe;
 pub mod norm;
 pub mod rope;
+pub mod scope;
+pub mod state;
 
 use std::sync::Arc;
 
-use self::attention::{Attention, AttentionConfig, AttentionScratch};
-use self::block::{DecoderLayer, LayerScratch};
+use self::attention::{AttentionConfig, AttentionScratch};
+use self::block::{DecoderLayer, FeedForward, LayerScratch, TokenMixer};
 use self::config::{LayerKind, ModelConfig};
+use self::gated_deltanet::{Form, GdnScratch};
 use self::linear::Linear;
-use self::mlp::{Mlp, MlpScratch};
+use self::mlp::MlpScratch;
+use self::moe::{LayerRoutes, MoeScratch};
 use self::norm::RmsNorm;
-use self::rope::Rope;
+use self::scope::Scope;
+use self::state::ModelState;
 use crate::format::shards::CmfModel;
-use crate::model::kv_cache::KvCache;
 pub use crate::quant::matrix::Precision;
 
 /// Why a file cannot be run, or a forward refused.
@@ -54,6 +61,12 @@ pub enum ModelError {
     /// The context is full.
     #[error("context limit reached: {needed} positions needed, the session holds {capacity}")]
     ContextFull { needed: usize, capacity: usize },
+    /// A forward met a value it cannot go on from (a NaN router logit), naming where.
+    #[error("numerical failure: {0}")]
+    Numeric(String),
+    /// The state cannot return to a position (recurrent state that was not saved there).
+    #[error("cannot roll the state back to position {0}")]
+    Rollback(usize),
 }
 
 pub struct Model {
@@ -88,10 +101,15 @@ pub struct Workspace {
     layer: LayerScratch,
     /// Logits of the last forward: [1, vocab] or [t, vocab].
     pub logits: Vec<f32>,
+    /// Per layer, the experts the last forward's tokens chose (empty for dense layers).
+    pub routes: Vec<LayerRoutes>,
+    /// How Gated DeltaNet layers compute (tests force one form).
+    pub form: Form,
 }
 
 impl Workspace {
-    pub fn new(c: &ModelConfig, t_max: usize) -> Workspace {
+    pub fn new(model: &Model, t_max: usize) -> Workspace {
+        let c = &model.config;
         let t_max = t_max.max(1);
         let attn = AttentionConfig {
             n_heads: c.n_heads,
@@ -101,37 +119,63 @@ impl Workspace {
             window: None,
             softcap: None,
         };
+        let gated = model
+            .layers
+            .iter()
+            .any(|l| matches!(&l.mixer, TokenMixer::Attention(a) if a.output_gate));
+        // The widest Gated DeltaNet layer sizes the shared buffers.
+        let gdn = model
+            .layers
+            .iter()
+            .filter_map(|l| match &l.mixer {
+                TokenMixer::GatedDeltaNet(g) => Some(&g.cfg),
+                _ => None,
+            })
+            .max_by_key(|g| (g.value_heads * g.dv.max(g.dk), g.conv_dim()))
+            .map(|g| GdnScratch::new(g, t_max));
+        let moes: Vec<_> = model.layers.iter().filter_map(|l| l.moe()).collect();
+        let moe = (!moes.is_empty()).then(|| {
+            MoeScratch::new(
+                moes.iter().map(|m| m.num_experts()).max().unwrap_or(0),
+                moes.iter().map(|m| m.top_k).max().unwrap_or(0),
+                moes.iter().map(|m| m.widest()).max().unwrap_or(0),
+                c.hidden,
+                t_max,
+            )
+        });
         Workspace {
             t_max,
             x: vec![0.0; t_max * c.hidden],
             layer: LayerScratch {
                 h: vec![0.0; t_max * c.hidden],
                 o: vec![0.0; t_max * c.hidden],
-                attn: AttentionScratch::new(&attn, t_max),
+                attn: AttentionScratch::new(&attn, t_max, gated),
+                gdn,
                 mlp: MlpScratch::new(c.intermediate, t_max),
+                moe,
             },
             logits: vec![0.0; c.vocab],
+            routes: model
+                .layers
+                .iter()
+                .enumerate()
+                .map(|(i, l)| match l.moe() {
+                    Some(m) => LayerRoutes::new(i, m.top_k, t_max),
+                    None => LayerRoutes {
+                        layer: i,
+                        ..LayerRoutes::default()
+                    },
+                })
+                .collect(),
+            form: Form::Auto,
         }
     }
-}
 
-fn decode_vector(file: &CmfModel, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
-    let (shard, e) = file
-        .get(name)
-        .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
-    let v = crate::quant::decode(e.dtype, &e.shape, file.shards[shard].tensor_bytes(e)).map_err(
-        |err| ModelError::Tensor {
-            name: name.into(),
-            reason: err.to_string(),
-        },
-    )?;
-    if v.len() != len {
-        return Err(ModelError::Shape {
-            name: name.into(),
-            reason: format!("has {} values, expected {len}", v.len()),
-        });
+    /// The final-normed hidden state of row `i` of the last forward (valid after a
+    /// forward that computed logits or hidden states).
+    pub fn final_hidden(&self, i: usize, hidden: usize) -> &[f32] {
+        &self.layer.h[i * hidden..(i + 1) * hidden]
     }
-    Ok(v)
 }
 
 impl Model {
@@ -171,106 +215,33 @@ impl Model {
                     .to_string(),
             );
         }
-        let f = &file;
-        let has = |n: &str| f.get(n).is_some();
-        let norm = |n: &str, len: usize| -> Result<RmsNorm, ModelError> {
-            Ok(RmsNorm::new(
-                decode_vector(f, n, len)?,
-                c.eps,
-                c.zero_centred_norm,
-            ))
-        };
-        let linear = |n: &str, out: usize, inp: usize, bias: bool| -> Result<Linear, ModelError> {
-            let mut l = Linear::load(f, &format!("{n}.weight"), out, inp)?;
-            let bias_name = format!("{n}.bias");
-            if bias && has(&bias_name) {
-                l.bias = Some(decode_vector(f, &bias_name, out)?);
-            }
-            Ok(l)
-        };
-        let (h, hd) = (c.hidden, c.head_dim);
-        let embed = Linear::load(f, "model.embed_tokens.weight", c.vocab, h)?;
-        let tied = !has("lm_head.weight");
+        let root = Scope::root(&file, c.eps, c.zero_centred_norm);
+        let h = c.hidden;
+        let embed = Linear::load(&file, "model.embed_tokens.weight", c.vocab, h)?;
+        let tied = !root.has("lm_head.weight");
         let lm_head = if tied {
             embed.clone()
         } else {
-            Linear::load(f, "lm_head.weight", c.vocab, h)?
+            Linear::load(&file, "lm_head.weight", c.vocab, h)?
         };
-        let mut layers = Vec::with_capacity(c.n_layers);
-        for (i, kind) in c.layer_kinds.iter().enumerate() {
-            let p = format!("model.layers.{i}");
-            if *kind == LayerKind::LinearAttention {
-                return Err(ModelError::Unsupported(format!(
-                    "layer {i} is a linear-attention (Gated DeltaNet) layer"
-                )));
-            }
-            if has(&format!("{p}.mlp.gate.weight")) {
-                return Err(ModelError::Unsupported(format!(
-                    "layer {i} is a mixture-of-experts layer"
-                )));
-            }
-            let sliding = *kind == LayerKind::SlidingAttention;
-            let theta = match (sliding, c.rope_local_theta) {
-                (true, Some(local)) => local,
-                _ => c.rope_theta,
-            };
-            // Gemma 3 scales only its global layers' RoPE; its local layers use the plain base.
-            let scaling = if sliding && c.rope_local_theta.is_some() {
-                config::RopeScaling::None
-            } else {
-                c.rope_scaling.clone()
-            };
-            let q_norm_name = format!("{p}.self_attn.q_norm.weight");
-            let k_norm_name = format!("{p}.self_attn.k_norm.weight");
-            let intermediate = f
-                .get(&format!("{p}.mlp.gate_proj.weight"))
-                .map(|(_, e)| e.shape.first().copied().unwrap_or(0) as usize)
-                .ok_or_else(|| ModelError::MissingTensor(format!("{p}.mlp.gate_proj.weight")))?;
-            let attn = Attention {
-                cfg: AttentionConfig {
-                    n_heads: c.n_heads,
-                    n_kv_heads: c.n_kv_heads,
-                    head_dim: hd,
-                    scale: (c.query_pre_attn_scalar.unwrap_or(hd as f64)).powf(-0.5) as f32,
-                    window: if sliding { c.sliding_window } else { None },
-                    softcap: c.attn_softcap,
-                },
-                q_proj: linear(&format!("{p}.self_attn.q_proj"), c.n_heads * hd, h, true)?,
-                k_proj: linear(&format!("{p}.self_attn.k_proj"), c.n_kv_heads * hd, h, true)?,
-                v_proj: linear(&format!("{p}.self_attn.v_proj"), c.n_kv_heads * hd, h, true)?,
-                o_proj: linear(&format!("{p}.self_attn.o_proj"), h, c.n_heads * hd, true)?,
-                q_norm: has(&q_norm_name)
-                    .then(|| norm(&q_norm_name, hd))
-                    .transpose()?,
-                k_norm: has(&k_norm_name)
-                    .then(|| norm(&k_norm_name, hd))
-                    .transpose()?,
-                rope: Rope::new(theta, c.rotary_dim(), &scaling),
-            };
-            let pre_ff = format!("{p}.pre_feedforward_layernorm.weight");
-            let post_attn = format!("{p}.post_attention_layernorm.weight");
-            let post_ff = format!("{p}.post_feedforward_layernorm.weight");
-            let sandwich = has(&pre_ff);
-            layers.push(DecoderLayer {
-                input_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
-                attn,
-                post_attn_norm: sandwich.then(|| norm(&post_attn, h)).transpose()?,
-                pre_mlp_norm: norm(if sandwich { &pre_ff } else { &post_attn }, h)?,
-                mlp: Mlp {
-                    gate: linear(&format!("{p}.mlp.gate_proj"), intermediate, h, true)?,
-                    up: linear(&format!("{p}.mlp.up_proj"), intermediate, h, true)?,
-                    down: linear(&format!("{p}.mlp.down_proj"), h, intermediate, true)?,
-                    act: c.activation,
-                },
-                post_mlp_norm: has(&post_ff).then(|| norm(&post_ff, h)).transpose()?,
-            });
-        }
-        let final_norm = norm("model.norm.weight", h)?;
+        let layers = c
+            .layer_kinds
+            .iter()
+            .enumerate()
+            .map(|(i, &kind)| {
+                DecoderLayer::load(&root.pp(format!("model.layers.{i}")), i, kind, &c)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let final_norm = root.norm("model.norm", h)?;
         let mut c = c;
-        // The widest MLP decides the scratch size (intermediate_size may be absent).
+        // The widest MLP decides the scratch size (intermediate_size may be absent, and
+        // §11 shrinks each layer to its own).
         c.intermediate = layers
             .iter()
-            .map(|l| l.mlp.gate.out_dim())
+            .map(|l| match &l.ff {
+                FeedForward::Dense(m) => m.intermediate(),
+                FeedForward::Moe(m) => m.widest(),
+            })
             .max()
             .unwrap_or(0);
         Ok(Model {
@@ -297,27 +268,28 @@ impl Model {
         self.embed.precision = p;
         self.lm_head.precision = p;
         for l in &mut self.layers {
-            for lin in [
-                &mut l.attn.q_proj,
-                &mut l.attn.k_proj,
-                &mut l.attn.v_proj,
-                &mut l.attn.o_proj,
-                &mut l.mlp.gate,
-                &mut l.mlp.up,
-                &mut l.mlp.down,
-            ] {
+            for lin in l.linears_mut() {
                 lin.precision = p;
             }
         }
     }
 
-    pub fn new_cache(&self, capacity: usize) -> KvCache {
-        let c = &self.config;
-        KvCache::new(c.n_layers, capacity, c.n_kv_heads, c.head_dim)
+    /// A fresh state for a context of `capacity` positions: KV for attention layers
+    /// (zeroed pages, so unused positions cost no RSS), O(1) state for linear layers.
+    pub fn new_state(&self, capacity: usize) -> ModelState {
+        ModelState::new(
+            self.layers.iter().map(|l| l.new_state(capacity)).collect(),
+            capacity,
+        )
     }
 
     pub fn new_workspace(&self, t_max: usize) -> Workspace {
-        Workspace::new(&self.config, t_max)
+        Workspace::new(self, t_max)
+    }
+
+    /// Whether any layer is a mixture of experts.
+    pub fn has_moe(&self) -> bool {
+        self.layers.iter().any(|l| l.moe().is_some())
     }
 
     /// Runs `tokens` (at most `ws.t_max`) at positions `cache.len..`, appends them to the
@@ -327,7 +299,7 @@ impl Model {
     pub fn forward(
         &self,
         tokens: &[u32],
-        cache: &mut KvCache,
+        cache: &mut ModelState,
         ws: &mut Workspace,
         logits: Logits,
         hidden: Option<&mut Vec<f32>>,
@@ -338,7 +310,7 @@ impl Model {
     fn forward_in_pool(
         &self,
         tokens: &[u32],
-        cache: &mut KvCache,
+        cache: &mut ModelState,
         ws: &mut Workspace,
         logits: Logits,
         mut hidden: Option<&mut Vec<f32>>,
@@ -377,7 +349,20 @@ impl Model {
 
         // Decoder layers.
         for (i, layer) in self.layers.iter().enumerate() {
-            layer.forward(x, t, pos0, &mut cache.layers[i], &mut ws.layer);
+            let r = layer.forward(
+                x,
+                t,
+                pos0,
+                &mut cache.layers[i],
+                &mut ws.layer,
+                &mut ws.routes[i],
+                ws.form,
+            );
+            if let Err(e) = r {
+                // The layers before this one have advanced: the state is unusable.
+                cache.truncate(0);
+                return Err(e);
+            }
             if i + 1 < self.layers.len() {
                 if let Some(hs) = hidden.as_deref_mut() {
                     hs.extend_from_slice(x);

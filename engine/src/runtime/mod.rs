@@ -3,5 +3,6 @@
 
 pub mod load;
 pub mod metrics;
+pub mod routes;
 pub mod sampler;
 pub mod session;

@@ -1,16 +1,19 @@
 //! A conversation with a model: the KV cache, prefill in chunks, decode one token at a
 //! time, stop conditions, cancellation between tokens, timings.
 //!
-//! The session keeps the tokens its cache holds; [`Session::prefill`] reuses the longest
+//! The session keeps the tokens its state holds; [`Session::prefill`] reuses the longest
 //! common prefix with the new prompt, so a chat re-rendered each turn only computes the
-//! new part.
+//! new part. Recurrent (Gated DeltaNet) state cannot be cut at any position: it is reused
+//! when the new prompt extends everything the state holds, or from the snapshot the
+//! session keeps just before each prompt's last token (a regenerated or edited answer).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::routes::RouteLog;
 use super::sampler::{Sampler, SamplingParams};
-use crate::model::kv_cache::KvCache;
+use crate::model::state::{ModelState, StateSnapshot};
 use crate::model::{Logits, Model, ModelError, Workspace};
 
 /// Tokens per prefill forward: large enough for the matrix products to reuse each weight
@@ -68,10 +71,15 @@ pub enum Event {
 
 pub struct Session {
     pub model: Arc<Model>,
-    cache: KvCache,
+    cache: ModelState,
     ws: Workspace,
     /// The tokens whose keys and values the cache holds, in order.
     tokens: Vec<u32>,
+    /// Recurrent state just before the last prompt's last token (models with linear
+    /// attention only).
+    checkpoint: Option<StateSnapshot>,
+    /// Every position's expert choices, when asked for ([`Session::log_routes`]).
+    routes: Option<RouteLog>,
 }
 
 impl Session {
@@ -83,9 +91,11 @@ impl Session {
         let widest = c.hidden.max(c.intermediate).max(c.n_heads * c.head_dim);
         crate::quant::matrix::reserve_thread_buffers(widest, PREFILL_CHUNK);
         Session {
-            cache: model.new_cache(cap),
+            cache: model.new_state(cap),
             ws: model.new_workspace(PREFILL_CHUNK),
             tokens: Vec::with_capacity(cap),
+            checkpoint: None,
+            routes: None,
             model,
         }
     }
@@ -101,18 +111,73 @@ impl Session {
     pub fn reset(&mut self) {
         self.tokens.clear();
         self.cache.truncate(0);
+        self.checkpoint = None;
+        if let Some(r) = &mut self.routes {
+            r.truncate(0);
+        }
+    }
+
+    /// Starts keeping every position's expert choices (MoE models; a no-op for dense
+    /// ones). Positions already in the state have none: the log starts empty, after a
+    /// reset.
+    pub fn log_routes(&mut self) {
+        if self.routes.is_none() && self.model.has_moe() {
+            self.reset();
+            self.routes = Some(RouteLog::new(&self.model, self.cache.capacity));
+        }
+    }
+
+    /// The route log, position by position (see [`Session::log_routes`]).
+    pub fn routes(&self) -> Option<&RouteLog> {
+        self.routes.as_ref()
+    }
+
+    /// Logs rows `rows` of the last forward's routes.
+    fn log_forward(&mut self, rows: std::ops::Range<usize>) {
+        if let Some(r) = &mut self.routes {
+            r.push(&self.ws.routes, rows);
+        }
+    }
+
+    /// The per-layer state (KV and recurrent).
+    pub fn state(&self) -> &ModelState {
+        &self.cache
+    }
+
+    /// The workspace of the last forward (its logits and routes).
+    pub fn workspace(&self) -> &Workspace {
+        &self.ws
     }
 
     /// Puts `prompt` in the cache, reusing the common prefix with what it holds, and
     /// leaves the last position's logits in the workspace. Returns the reused count.
     pub fn prefill(&mut self, prompt: &[u32]) -> Result<usize, ModelError> {
         let reused = self.begin_prefill(prompt)?;
-        let rest = &prompt[reused..];
-        let n = rest.len().div_ceil(PREFILL_CHUNK);
-        for (i, chunk) in rest.chunks(PREFILL_CHUNK).enumerate() {
-            self.prefill_chunk(chunk, i + 1 == n)?;
+        let total = prompt.len() - reused;
+        let mut done = 0;
+        while done < total {
+            let end = self.chunk_end(done, total);
+            self.prefill_chunk(&prompt[reused + done..reused + end], end == total)?;
+            done = end;
         }
         Ok(reused)
+    }
+
+    /// Where the prefill chunk starting at `done` of `total` new tokens ends. With
+    /// recurrent state the last token runs alone, after a snapshot of the state before
+    /// it, so that the same prompt again (a regenerated answer) reuses all but that token.
+    fn chunk_end(&mut self, done: usize, total: usize) -> usize {
+        let end = (done + PREFILL_CHUNK).min(total);
+        if !self.cache.has_recurrent() || end < total {
+            return end;
+        }
+        if end - done > 1 {
+            return total - 1;
+        }
+        let mut snap = self.checkpoint.take().unwrap_or_default();
+        self.cache.snapshot_into(&mut snap);
+        self.checkpoint = Some(snap);
+        end
     }
 
     /// Checks `prompt` and drops the cached positions past its common prefix with the
@@ -131,15 +196,35 @@ impl Session {
                 capacity: self.cache.capacity,
             });
         }
-        let common = self
+        // A failed forward leaves the state shorter than the tokens: trust the state.
+        self.tokens.truncate(self.cache.len);
+        let mut common = self
             .tokens
             .iter()
             .zip(prompt)
             .take_while(|(a, b)| a == b)
             .count()
             .min(prompt.len() - 1);
+        if self.checkpoint.as_ref().is_some_and(|c| c.len > common) {
+            // The checkpoint's tokens are about to change: it is stale.
+            self.checkpoint = None;
+        }
+        if !self.cache.truncate(common) {
+            match &self.checkpoint {
+                Some(snap) => {
+                    self.cache.restore(snap);
+                    common = snap.len;
+                }
+                None => {
+                    self.cache.truncate(0);
+                    common = 0;
+                }
+            }
+        }
         self.tokens.truncate(common);
-        self.cache.truncate(common);
+        if let Some(r) = &mut self.routes {
+            r.truncate(common);
+        }
         Ok(common)
     }
 
@@ -149,6 +234,7 @@ impl Session {
         let want = if last { Logits::Last } else { Logits::None };
         self.model
             .forward(chunk, &mut self.cache, &mut self.ws, want, None)?;
+        self.log_forward(0..chunk.len());
         self.tokens.extend_from_slice(chunk);
         Ok(())
     }
@@ -157,6 +243,7 @@ impl Session {
     pub fn step(&mut self, id: u32) -> Result<(), ModelError> {
         self.model
             .forward(&[id], &mut self.cache, &mut self.ws, Logits::Last, None)?;
+        self.log_forward(0..1);
         self.tokens.push(id);
         Ok(())
     }
@@ -380,7 +467,7 @@ impl Generation<'_> {
         let total = self.pending.len();
         if self.prefilled < total {
             let t = Instant::now();
-            let end = (self.prefilled + PREFILL_CHUNK).min(total);
+            let end = self.session.chunk_end(self.prefilled, total);
             let chunk = &self.pending[self.prefilled..end];
             let r = self.session.model.forward(
                 chunk,
@@ -397,7 +484,9 @@ impl Generation<'_> {
             if let Err(e) = r {
                 return Err(fail(self, e));
             }
+            let n = chunk.len();
             self.session.tokens.extend_from_slice(chunk);
+            self.session.log_forward(0..n);
             self.prefilled = end;
             return Ok(Step::Prefill { done: end, total });
         }
