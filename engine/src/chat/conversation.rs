@@ -169,6 +169,12 @@ impl Conversation {
         &self.session
     }
 
+    /// Keeps every position's expert choices from now on (MoE models): see
+    /// [`Session::log_routes`] and [`Session::routes`]. The state restarts empty.
+    pub fn log_routes(&mut self) {
+        self.session.log_routes();
+    }
+
     pub fn model(&self) -> &Arc<Model> {
         &self.session.model
     }
