@@ -360,6 +360,11 @@ impl Reply<'_> {
         self.generation.output()
     }
 
+    /// The session being stepped (its tokens and route log between steps).
+    pub fn session(&self) -> &Session {
+        self.generation.session()
+    }
+
     pub fn stats(&self) -> GenerationStats {
         self.generation.stats()
     }

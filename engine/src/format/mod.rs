@@ -9,6 +9,7 @@ pub mod file;
 pub mod hash64;
 pub mod header;
 pub mod index;
+pub mod layers;
 pub mod masks;
 pub mod shards;
 pub mod signature;

@@ -14,6 +14,7 @@ pub mod kv_cache;
 pub mod linear;
 pub mod mlp;
 pub mod moe;
+pub mod mtp;
 pub mod norm;
 pub mod rope;
 pub mod scope;
@@ -80,6 +81,8 @@ pub struct Model {
     pub tied: bool,
     /// What the loader had to assume (shown to the user, never silently).
     pub warnings: Vec<String>,
+    /// The multi-token-prediction head (§2.1), when the file has a usable one.
+    pub mtp: Option<mtp::MtpHead>,
 }
 
 /// Which positions' logits a forward computes.
@@ -105,11 +108,18 @@ pub struct Workspace {
     pub routes: Vec<LayerRoutes>,
     /// How Gated DeltaNet layers compute (tests force one form).
     pub form: Form,
+    /// Compute the final norm of every row even without logits (the MTP head reads it).
+    pub keep_hidden: bool,
 }
 
 impl Workspace {
     pub fn new(model: &Model, t_max: usize) -> Workspace {
-        let c = &model.config;
+        Workspace::for_layers(&model.config, &model.layers, t_max)
+    }
+
+    /// Buffers for a forward of up to `t_max` tokens through `layers` (the model's, or an
+    /// MTP head's).
+    pub fn for_layers(c: &ModelConfig, layers: &[DecoderLayer], t_max: usize) -> Workspace {
         let t_max = t_max.max(1);
         let attn = AttentionConfig {
             n_heads: c.n_heads,
@@ -119,13 +129,11 @@ impl Workspace {
             window: None,
             softcap: None,
         };
-        let gated = model
-            .layers
+        let gated = layers
             .iter()
             .any(|l| matches!(&l.mixer, TokenMixer::Attention(a) if a.output_gate));
         // The widest Gated DeltaNet layer sizes the shared buffers.
-        let gdn = model
-            .layers
+        let gdn = layers
             .iter()
             .filter_map(|l| match &l.mixer {
                 TokenMixer::GatedDeltaNet(g) => Some(&g.cfg),
@@ -133,7 +141,15 @@ impl Workspace {
             })
             .max_by_key(|g| (g.value_heads * g.dv.max(g.dk), g.conv_dim()))
             .map(|g| GdnScratch::new(g, t_max));
-        let moes: Vec<_> = model.layers.iter().filter_map(|l| l.moe()).collect();
+        let moes: Vec<_> = layers.iter().filter_map(|l| l.moe()).collect();
+        let widest_mlp = layers
+            .iter()
+            .map(|l| match &l.ff {
+                FeedForward::Dense(m) => m.intermediate(),
+                FeedForward::Moe(m) => m.widest(),
+            })
+            .max()
+            .unwrap_or(0);
         let moe = (!moes.is_empty()).then(|| {
             MoeScratch::new(
                 moes.iter().map(|m| m.num_experts()).max().unwrap_or(0),
@@ -151,12 +167,11 @@ impl Workspace {
                 o: vec![0.0; t_max * c.hidden],
                 attn: AttentionScratch::new(&attn, t_max, gated),
                 gdn,
-                mlp: MlpScratch::new(c.intermediate, t_max),
+                mlp: MlpScratch::new(widest_mlp, t_max),
                 moe,
             },
             logits: vec![0.0; c.vocab],
-            routes: model
-                .layers
+            routes: layers
                 .iter()
                 .enumerate()
                 .map(|(i, l)| match l.moe() {
@@ -168,6 +183,7 @@ impl Workspace {
                 })
                 .collect(),
             form: Form::Auto,
+            keep_hidden: false,
         }
     }
 
@@ -244,7 +260,20 @@ impl Model {
             })
             .max()
             .unwrap_or(0);
+        let mtp = match mtp::MtpHead::load(&root, &c) {
+            Ok(head) => head,
+            Err(e) => {
+                warnings.push(format!(
+                    "the MTP head is not usable ({e}): decoding without it"
+                ));
+                None
+            }
+        };
+        if mtp.is_none() && c.mtp_layers.is_some() && !warnings.iter().any(|w| w.contains("MTP")) {
+            warnings.push("arch.mtp is declared but the file has no model.mtp tensors".into());
+        }
         Ok(Model {
+            mtp,
             warnings,
             norm: final_norm,
             embed,
@@ -267,10 +296,14 @@ impl Model {
     pub fn set_precision(&mut self, p: Precision) {
         self.embed.precision = p;
         self.lm_head.precision = p;
-        for l in &mut self.layers {
+        let mtp_layers = self.mtp.iter_mut().flat_map(|m| m.layers.iter_mut());
+        for l in self.layers.iter_mut().chain(mtp_layers) {
             for lin in l.linears_mut() {
                 lin.precision = p;
             }
+        }
+        if let Some(m) = &mut self.mtp {
+            m.eh_proj.precision = p;
         }
     }
 
@@ -374,10 +407,12 @@ impl Model {
         // Final norm and LM head.
         let rows = match logits {
             Logits::None => {
-                if let Some(hs) = hidden.as_deref_mut() {
+                if hidden.is_some() || ws.keep_hidden {
                     let normed = &mut ws.layer.h[..t * h];
                     self.norm.forward(x, normed);
-                    hs.extend_from_slice(normed);
+                    if let Some(hs) = hidden.as_deref_mut() {
+                        hs.extend_from_slice(normed);
+                    }
                 }
                 return Ok(());
             }

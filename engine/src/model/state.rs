@@ -20,9 +20,11 @@ pub struct RecurrentState {
     pub conv: Vec<f32>,
     /// `[v_heads, dk, dv]`.
     pub s: Vec<f32>,
-    /// States after each token of the last forward, while history is kept.
+    /// States after each token of the last forward, while history is kept (the buffers
+    /// stay allocated between uses).
     history: Vec<(Vec<f32>, Vec<f32>)>,
     history_len: usize,
+    recording: bool,
 }
 
 impl RecurrentState {
@@ -32,6 +34,7 @@ impl RecurrentState {
             s: vec![0.0; s_len],
             history: Vec::new(),
             history_len: 0,
+            recording: false,
         }
     }
 
@@ -43,15 +46,19 @@ impl RecurrentState {
         self.conv.fill(0.0);
         self.s.fill(0.0);
         self.history_len = 0;
+        self.recording = false;
     }
 
     /// Whether the layer should record its state after each token of this forward.
     pub fn recording(&self) -> bool {
-        !self.history.is_empty()
+        self.recording
     }
 
     /// Records the current state as "after token `i` of this forward" (`i` from 0).
     pub fn record(&mut self, i: usize) {
+        if !self.recording {
+            return;
+        }
         if let Some((c, s)) = self.history.get_mut(i) {
             c.copy_from_slice(&self.conv);
             s.copy_from_slice(&self.s);
@@ -209,18 +216,19 @@ impl ModelState {
                     r.history
                         .push((vec![0.0; r.conv.len()], vec![0.0; r.s.len()]));
                 }
-                r.history.truncate(n);
                 r.history_len = 0;
+                r.recording = true;
             }
         }
         self.history_from = Some(self.len);
     }
 
-    /// Stops recording history (the forwards after it run at full speed).
+    /// Stops recording history (the forwards after it run at full speed); the buffers
+    /// stay for the next [`ModelState::keep_history`].
     pub fn drop_history(&mut self) {
         for l in &mut self.layers {
             if let LayerState::Recurrent(r) = l {
-                r.history.clear();
+                r.recording = false;
                 r.history_len = 0;
             }
         }

@@ -80,31 +80,27 @@ impl Sampler {
     /// The next token. `logits` is modified (penalty, temperature); `context` is every
     /// token the model has seen (prompt and generated).
     pub fn sample(&mut self, logits: &mut [f32], context: &[u32]) -> u32 {
-        let p = &self.params;
-        if p.repetition_penalty != 1.0 {
-            for &id in context {
-                if let Some(s) = self.seen.get_mut(id as usize) {
-                    *s = true;
-                }
-            }
-            for &id in context {
-                let i = id as usize;
-                if i < logits.len() && self.seen[i] {
-                    self.seen[i] = false;
-                    let l = &mut logits[i];
-                    *l = if *l < 0.0 {
-                        *l * p.repetition_penalty
-                    } else {
-                        *l / p.repetition_penalty
-                    };
-                }
-            }
-        }
-        if p.is_greedy() {
+        if self.params.is_greedy() {
+            self.penalise(logits, context);
             return argmax(logits) as u32;
         }
-        let inv_t = 1.0 / p.temperature;
+        self.distribution(logits, context);
+        self.draw()
+    }
+
+    /// The distribution the next token is drawn from, after every transform (penalty,
+    /// temperature, top-k, top-p, min-p): `(probability, token)` pairs, most likely
+    /// first, summing to 1 (greedy: the argmax alone). Speculative decoding's acceptance
+    /// rule needs it. `logits` is modified.
+    pub fn distribution(&mut self, logits: &mut [f32], context: &[u32]) -> &[(f32, u32)] {
+        self.penalise(logits, context);
+        let p = &self.params;
         self.cand.clear();
+        if p.is_greedy() {
+            self.cand.push((1.0, argmax(logits) as u32));
+            return &self.cand;
+        }
+        let inv_t = 1.0 / p.temperature;
         self.cand.extend(
             logits
                 .iter()
@@ -113,7 +109,8 @@ impl Sampler {
                 .map(|(i, &l)| (l * inv_t, i as u32)),
         );
         if self.cand.is_empty() {
-            return 0;
+            self.cand.push((1.0, 0));
+            return &self.cand;
         }
         let desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
         if p.top_k > 0 && p.top_k < self.cand.len() {
@@ -149,7 +146,15 @@ impl Sampler {
             self.cand.truncate(keep.max(1));
         }
         let total: f32 = self.cand.iter().map(|c| c.0).sum();
-        let mut r = self.rng.random::<f32>() * total;
+        for c in self.cand.iter_mut() {
+            c.0 /= total;
+        }
+        &self.cand
+    }
+
+    /// A token drawn from the last [`Sampler::distribution`].
+    pub fn draw(&mut self) -> u32 {
+        let mut r = self.rng.random::<f32>();
         for c in &self.cand {
             r -= c.0;
             if r <= 0.0 {
@@ -157,6 +162,56 @@ impl Sampler {
             }
         }
         self.cand.last().map_or(0, |c| c.1)
+    }
+
+    /// A uniform number in [0, 1) from the sampler's stream.
+    pub fn uniform(&mut self) -> f32 {
+        self.rng.random::<f32>()
+    }
+
+    /// A token drawn from `weights` (non-negative, not necessarily normalised, indexed by
+    /// token id); `None` if they are all zero.
+    pub fn draw_from(&mut self, weights: &[f32]) -> Option<u32> {
+        let total: f32 = weights.iter().sum();
+        if !(total > 0.0) {
+            return None;
+        }
+        let mut r = self.rng.random::<f32>() * total;
+        let mut last = None;
+        for (i, &w) in weights.iter().enumerate() {
+            if w > 0.0 {
+                last = Some(i as u32);
+                r -= w;
+                if r <= 0.0 {
+                    return last;
+                }
+            }
+        }
+        last
+    }
+
+    fn penalise(&mut self, logits: &mut [f32], context: &[u32]) {
+        let p = &self.params;
+        if p.repetition_penalty == 1.0 {
+            return;
+        }
+        for &id in context {
+            if let Some(s) = self.seen.get_mut(id as usize) {
+                *s = true;
+            }
+        }
+        for &id in context {
+            let i = id as usize;
+            if i < logits.len() && self.seen[i] {
+                self.seen[i] = false;
+                let l = &mut logits[i];
+                *l = if *l < 0.0 {
+                    *l * p.repetition_penalty
+                } else {
+                    *l / p.repetition_penalty
+                };
+            }
+        }
     }
 }
 

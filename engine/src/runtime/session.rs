@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::routes::RouteLog;
 use super::sampler::{Sampler, SamplingParams};
+use crate::model::mtp::MtpScratch;
 use crate::model::state::{ModelState, StateSnapshot};
 use crate::model::{Logits, Model, ModelError, Workspace};
 
@@ -58,6 +59,9 @@ pub struct GenerationStats {
     pub stop: StopReason,
     pub context_used: usize,
     pub context_capacity: usize,
+    /// Speculative decoding (`--mtp`): drafts proposed and accepted.
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 /// What the session reports while generating.
@@ -80,6 +84,23 @@ pub struct Session {
     checkpoint: Option<StateSnapshot>,
     /// Every position's expert choices, when asked for ([`Session::log_routes`]).
     routes: Option<RouteLog>,
+    /// Speculative decoding with the MTP head, when on.
+    spec: Option<Speculative>,
+}
+
+/// What speculative decoding keeps beside the main state.
+struct Speculative {
+    /// The MTP head's own KV.
+    state: ModelState,
+    scratch: MtpScratch,
+    /// `[capacity, hidden]`: the final-normed hidden state of every position, which the
+    /// head reads (zeroed pages: RSS only as positions are used).
+    hist: Vec<f32>,
+    /// The next tokens of one head forward.
+    next: Vec<u32>,
+    /// Dense draft and target distributions (sampling's acceptance rule).
+    q: Vec<f32>,
+    p: Vec<f32>,
 }
 
 impl Session {
@@ -96,6 +117,7 @@ impl Session {
             tokens: Vec::with_capacity(cap),
             checkpoint: None,
             routes: None,
+            spec: None,
             model,
         }
     }
@@ -124,6 +146,53 @@ impl Session {
         if self.routes.is_none() && self.model.has_moe() {
             self.reset();
             self.routes = Some(RouteLog::new(&self.model, self.cache.capacity));
+        }
+    }
+
+    /// Turns speculative decoding with the file's MTP head on or off. The output stays
+    /// exactly that of plain decoding when greedy, and has the same distribution when
+    /// sampling. Turning it on restarts the state (the head needs the hidden state of
+    /// every position). Fails when the model has no MTP head.
+    pub fn set_speculative(&mut self, on: bool) -> Result<(), String> {
+        if !on {
+            self.spec = None;
+            self.ws.keep_hidden = false;
+            return Ok(());
+        }
+        if self.spec.is_some() {
+            return Ok(());
+        }
+        let model = self.model.clone();
+        let Some(head) = &model.mtp else {
+            return Err("the model has no MTP head (model.mtp.*)".into());
+        };
+        let c = &model.config;
+        self.reset();
+        self.spec = Some(Speculative {
+            state: head.new_state(self.cache.capacity),
+            scratch: head.new_scratch(c, PREFILL_CHUNK),
+            hist: vec![0.0; self.cache.capacity * c.hidden],
+            next: vec![0; PREFILL_CHUNK],
+            q: vec![0.0; c.vocab],
+            p: vec![0.0; c.vocab],
+        });
+        self.ws.keep_hidden = true;
+        Ok(())
+    }
+
+    pub fn speculative(&self) -> bool {
+        self.spec.is_some()
+    }
+
+    /// Keeps the final hidden states of rows `rows` of the last forward, which ran from
+    /// position `pos0` (the MTP head reads them).
+    fn keep_hidden(&mut self, pos0: usize, rows: std::ops::Range<usize>) {
+        if let Some(spec) = &mut self.spec {
+            let h = self.model.config.hidden;
+            for r in rows {
+                let at = (pos0 + r) * h;
+                spec.hist[at..at + h].copy_from_slice(self.ws.final_hidden(r, h));
+            }
         }
     }
 
@@ -225,6 +294,15 @@ impl Session {
         if let Some(r) = &mut self.routes {
             r.truncate(common);
         }
+        if let Some(spec) = &mut self.spec {
+            // Head row j reads t_{j+1}: rows below common − 1 stay valid.
+            if !spec
+                .state
+                .truncate(spec.state.len.min(common.saturating_sub(1)))
+            {
+                spec.state.truncate(0);
+            }
+        }
         Ok(common)
     }
 
@@ -232,18 +310,22 @@ impl Session {
     /// logits of its final position.
     fn prefill_chunk(&mut self, chunk: &[u32], last: bool) -> Result<(), ModelError> {
         let want = if last { Logits::Last } else { Logits::None };
+        let pos0 = self.cache.len;
         self.model
             .forward(chunk, &mut self.cache, &mut self.ws, want, None)?;
         self.log_forward(0..chunk.len());
+        self.keep_hidden(pos0, 0..chunk.len());
         self.tokens.extend_from_slice(chunk);
         Ok(())
     }
 
     /// Runs one more token; its logits replace the workspace's.
     pub fn step(&mut self, id: u32) -> Result<(), ModelError> {
+        let pos0 = self.cache.len;
         self.model
             .forward(&[id], &mut self.cache, &mut self.ws, Logits::Last, None)?;
         self.log_forward(0..1);
+        self.keep_hidden(pos0, 0..1);
         self.tokens.push(id);
         Ok(())
     }
@@ -285,6 +367,10 @@ impl Session {
             decode_time: Duration::ZERO,
             ttft: None,
             raw: Vec::with_capacity(vocab),
+            draft: None,
+            ready: false,
+            drafted: 0,
+            accepted: 0,
             session: self,
         })
     }
@@ -443,6 +529,12 @@ pub struct Generation<'s> {
     ttft: Option<Duration>,
     /// The last position's logits before sampling (vocab-sized, allocated at start).
     raw: Vec<f32>,
+    /// The draft the last verify forward checked (speculative decoding).
+    draft: Option<u32>,
+    /// An accepted draft's forward already gave the next position's logits (row 1).
+    ready: bool,
+    drafted: usize,
+    accepted: usize,
 }
 
 impl Generation<'_> {
@@ -485,8 +577,10 @@ impl Generation<'_> {
                 return Err(fail(self, e));
             }
             let n = chunk.len();
+            let pos0 = self.session.tokens.len();
             self.session.tokens.extend_from_slice(chunk);
             self.session.log_forward(0..n);
+            self.session.keep_hidden(pos0, 0..n);
             self.prefilled = end;
             return Ok(Step::Prefill { done: end, total });
         }
@@ -496,18 +590,37 @@ impl Generation<'_> {
             self.stop = Some(StopReason::MaxTokens);
             return Ok(Step::Done(self.stats()));
         }
+        let v = self.session.model.config.vocab;
         if let Some(id) = self.to_run.take() {
-            if let Err(e) = self.session.step(id) {
+            let room = self.session.tokens.len() + 2 <= self.session.cache.capacity;
+            let r = if self.session.spec.is_some() && room {
+                self.speculate(id)
+            } else {
+                self.session.step(id)
+            };
+            if let Err(e) = r {
                 self.decode_time += t.elapsed();
                 return Err(fail(self, e));
             }
+        } else if self.ready {
+            // The accepted draft's forward gave this position's logits as its second row.
+            self.session.ws.logits.copy_within(v..2 * v, 0);
+            self.ready = false;
         }
-        let v = self.session.model.config.vocab;
         let logits = &mut self.session.ws.logits[..v];
         // The sampler rewrites logits (penalty): the probabilities are the model's own.
         self.raw.clear();
         self.raw.extend_from_slice(logits);
-        let id = self.sampler.sample(logits, &self.session.tokens);
+        let id = match self.draft.take() {
+            None => self.sampler.sample(logits, &self.session.tokens),
+            Some(d) => match self.judge(d) {
+                Ok(id) => id,
+                Err(e) => {
+                    self.decode_time += t.elapsed();
+                    return Err(fail(self, e));
+                }
+            },
+        };
         let (prob, top) = token_probs(&self.raw, id);
         self.out.push(id);
         self.ttft.get_or_insert_with(|| self.started.elapsed());
@@ -523,7 +636,7 @@ impl Generation<'_> {
             self.stop = Some(StopReason::MaxTokens);
         } else if self.session.tokens.len() >= self.session.cache.capacity {
             self.stop = Some(StopReason::ContextFull);
-        } else {
+        } else if !self.ready {
             self.to_run = Some(id);
         }
         self.decode_time += t.elapsed();
@@ -550,6 +663,11 @@ impl Generation<'_> {
     /// The tokens generated so far.
     pub fn output(&self) -> &[u32] {
         &self.out
+    }
+
+    /// The session being stepped (its tokens and route log between steps).
+    pub fn session(&self) -> &Session {
+        self.session
     }
 
     pub fn is_done(&self) -> bool {
@@ -584,6 +702,122 @@ impl Generation<'_> {
             stop: self.stop.unwrap_or(StopReason::Running),
             context_used: self.session.tokens.len(),
             context_capacity: self.session.cache.capacity,
+            drafted: self.drafted,
+            accepted: self.accepted,
         }
+    }
+}
+
+/// Speculative decoding with the MTP head (§2.1), one draft token per step:
+/// 1. the head catches up on the positions it has not seen and drafts `d` for the token
+///    after the one about to run (`id`);
+/// 2. one forward runs `[id, d]`, recording the recurrent layers' state after `id`;
+/// 3. [`Generation::judge`] chooses the token at `d`'s place from the first row's
+///    logits exactly as plain decoding would (greedy: the same argmax; sampling: the
+///    speculative-sampling rule, which leaves the distribution unchanged). If it is `d`,
+///    the second row's logits are the next position's and cost nothing more; if not, the
+///    state rolls back to just after `id` (KV forgets `d`, recurrent layers return to the
+///    recorded state).
+///
+/// A batch forward computes every row bit for bit as a one-token forward would (matrix
+/// products equal their matrix-vector products; Gated DeltaNet runs its recurrent form
+/// while recording), so greedy output is identical to plain decoding.
+impl Generation<'_> {
+    fn speculate(&mut self, id: u32) -> Result<(), ModelError> {
+        let sess = &mut *self.session;
+        let model = sess.model.clone();
+        let head = model.mtp.as_ref().expect("speculation needs the MTP head");
+        let spec = sess.spec.as_mut().expect("speculation is on");
+        let h = model.config.hidden;
+        let len = sess.tokens.len();
+        // 1. The head's rows spec.state.len .. len: row j reads h_j and t_{j+1} (the last
+        //    one is `id`, not in the state yet).
+        let mut j = spec.state.len;
+        while j < len {
+            let n = (len - j).min(spec.next.len());
+            for i in 0..n {
+                let at = j + i + 1;
+                spec.next[i] = if at < len { sess.tokens[at] } else { id };
+            }
+            head.forward(
+                &model,
+                &spec.next[..n],
+                &spec.hist[j * h..(j + n) * h],
+                &mut spec.state,
+                &mut spec.scratch,
+            )?;
+            j += n;
+        }
+        let draft_logits = &mut spec.scratch.ws.logits[..model.config.vocab];
+        let d = if self.sampler.params.is_greedy() {
+            crate::runtime::sampler::argmax(draft_logits) as u32
+        } else {
+            // The draft is drawn from q, the sampler's distribution over the head's
+            // logits (any q keeps the output distribution; a closer one accepts more).
+            spec.q.fill(0.0);
+            for &(pr, t) in self.sampler.distribution(draft_logits, &sess.tokens) {
+                spec.q[t as usize] = pr;
+            }
+            self.sampler.draw()
+        };
+        // 2. Verify: [id, d] in one forward.
+        let pos0 = sess.cache.len;
+        sess.cache.keep_history(2);
+        let r = model.forward(&[id, d], &mut sess.cache, &mut sess.ws, Logits::All, None);
+        if let Err(e) = r {
+            sess.cache.drop_history();
+            return Err(e);
+        }
+        sess.tokens.push(id);
+        sess.log_forward(0..1);
+        sess.keep_hidden(pos0, 0..2);
+        self.draft = Some(d);
+        Ok(())
+    }
+
+    /// The token at the draft's place, chosen from the first row's logits (in the
+    /// workspace's first `vocab` entries); keeps or rolls back the draft.
+    fn judge(&mut self, d: u32) -> Result<u32, ModelError> {
+        self.drafted += 1;
+        let sess = &mut *self.session;
+        let v = sess.model.config.vocab;
+        let logits = &mut sess.ws.logits[..v];
+        let x = if self.sampler.params.is_greedy() {
+            self.sampler.sample(logits, &sess.tokens)
+        } else {
+            let spec = sess.spec.as_mut().expect("speculation is on");
+            spec.p.fill(0.0);
+            for &(pr, t) in self.sampler.distribution(logits, &sess.tokens) {
+                spec.p[t as usize] = pr;
+            }
+            let (p, q) = (spec.p[d as usize], spec.q[d as usize]);
+            if q > 0.0 && self.sampler.uniform() < p / q {
+                d
+            } else {
+                // The residual max(0, p − q), normalised (p itself if it is empty).
+                for (pv, &qv) in spec.p.iter_mut().zip(spec.q.iter()) {
+                    *pv = (*pv - qv).max(0.0);
+                }
+                match self.sampler.draw_from(&spec.p) {
+                    Some(x) => x,
+                    None => self.sampler.draw(),
+                }
+            }
+        };
+        let len = sess.tokens.len();
+        if x == d {
+            self.accepted += 1;
+            sess.tokens.push(d);
+            sess.log_forward(1..2);
+            sess.cache.drop_history();
+            self.ready = true;
+        } else {
+            let ok = sess.cache.rollback(len);
+            sess.cache.drop_history();
+            if !ok {
+                return Err(ModelError::Rollback(len));
+            }
+        }
+        Ok(x)
     }
 }
