@@ -407,3 +407,139 @@ fn chat_commands_set_save_load_and_replay() {
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert!(stderr(&o).contains("not a saved session"), "{}", stderr(&o));
 }
+
+/// The self-made hybrid (Gated DeltaNet, gated attention, MoE, an MTP head): `run --mtp`
+/// gives the same ids as plain greedy decoding and reports its drafts; a file without a
+/// head refuses `--mtp` with a usage error.
+#[test]
+fn run_mtp_gives_the_plain_greedy_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hybrid.cmf");
+    assert_eq!(code(&run!("demo", "--hybrid", "-o", &file, "--json")), 0);
+    let go = |extra: &[&str]| {
+        let mut args = vec!["run", file.to_str().unwrap(), "--ids", "4,8,15,16,23,42"];
+        args.extend_from_slice(&["--greedy", "--max-tokens", "24", "--ignore-eos", "--json"]);
+        args.extend_from_slice(extra);
+        let o = assert_cmd::cargo::cargo_bin_cmd!("cortiq")
+            .args(&args)
+            .output()
+            .expect("cortiq runs");
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        json(&o)
+    };
+    let (plain, spec) = (go(&[]), go(&["--mtp"]));
+    assert_eq!(ids_of(&plain["ids"]), ids_of(&spec["ids"]));
+    assert_eq!(ids_of(&plain["ids"]).len(), 24);
+    assert_eq!(plain["stats"]["drafted"], 0);
+    let drafted = spec["stats"]["drafted"].as_u64().unwrap();
+    assert!(drafted >= 12, "{drafted} drafts");
+    assert!(spec["stats"]["accepted"].as_u64().unwrap() <= drafted);
+    let o = run!("run", model(), "--ids", "1,2", "--mtp", "--json");
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("no MTP head"), "{}", stderr(&o));
+}
+
+/// `--route-stats` writes the documented JSON: one entry per MoE layer, counts summing to
+/// positions × top-k and (renormalised top-k) mass to positions; a dense file refuses it.
+#[test]
+fn run_route_stats_writes_counts_and_mass() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("routes.json");
+    let o = run!(
+        "run",
+        common::shared("fixtures/cmf/qwen3_moe-q8.cmf"),
+        "--ids",
+        "5,6,7,8,9",
+        "--greedy",
+        "--max-tokens",
+        "6",
+        "--ignore-eos",
+        "--route-stats",
+        &out,
+        "--json"
+    );
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(v["format"], "cortiq-route-stats");
+    assert_eq!(v["version"], 1);
+    // 5 prompt tokens and 5 of the 6 generated ones ran through the model.
+    assert_eq!(v["tokens"], 10);
+    let layers = v["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 4);
+    for l in layers {
+        assert_eq!(l["experts"], 8);
+        let counts: u64 = l["counts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_u64().unwrap())
+            .sum();
+        assert_eq!(counts, 10 * l["top_k"].as_u64().unwrap());
+        let mass: f64 = l["mass"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_f64().unwrap())
+            .sum();
+        assert!((mass - 10.0).abs() < 1e-4, "mass {mass}");
+    }
+    let o = run!("run", model(), "--ids", "1,2", "--route-stats", &out);
+    assert_eq!(code(&o), 2);
+    assert!(
+        stderr(&o).contains("no mixture-of-experts"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// `bench --mtp --json` reports both speeds, the speed-up and the acceptance; the
+/// recurrent state does not grow with the context while the KV bytes do.
+#[test]
+fn bench_mtp_and_state_sizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hybrid.cmf");
+    assert_eq!(code(&run!("demo", "--hybrid", "-o", &file, "--json")), 0);
+    let bench = |prompt: &str| {
+        let o = run!(
+            "bench",
+            &file,
+            "--mtp",
+            "--prompt-tokens",
+            prompt,
+            "--tokens",
+            "8",
+            "--repeat",
+            "1",
+            "--json"
+        );
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        json(&o)
+    };
+    let (short, long) = (bench("8"), bench("40"));
+    for k in [
+        "plain_decode_tok_s",
+        "mtp_decode_tok_s",
+        "speedup",
+        "acceptance",
+    ] {
+        assert!(
+            short["mtp"][k].as_f64().unwrap() > 0.0,
+            "{k}: {}",
+            short["mtp"]
+        );
+    }
+    assert!(short["recurrent_state_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(
+        short["recurrent_state_bytes"],
+        long["recurrent_state_bytes"]
+    );
+    let (ks, kl) = (
+        short["kv_bytes"].as_u64().unwrap(),
+        long["kv_bytes"].as_u64().unwrap(),
+    );
+    assert_eq!(
+        ks * 48,
+        kl * 16,
+        "KV bytes are proportional to the context (16 vs 48)"
+    );
+}

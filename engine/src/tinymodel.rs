@@ -133,6 +133,66 @@ impl TinySpec {
     }
 }
 
+impl TinySpec {
+    /// A hybrid of `hidden` width (a multiple of 64) and `layers` layers (the 4-layer
+    /// pattern of [`TinySpec::hybrid`] repeated: linear·MoE, gated full·dense,
+    /// linear·dense, full·MoE), q8 weights, an MTP head and the successor structure:
+    /// large enough for decode to be bound by memory, as with real models, so that
+    /// speculative decoding's speed-up can be measured.
+    pub fn hybrid_scaled(hidden: u64, layers: usize) -> TinySpec {
+        let heads = (hidden / 64).max(1);
+        let gdn = TinyMixer::GatedDeltaNet {
+            key_heads: (heads / 2).max(1),
+            value_heads: heads,
+            dk: 64,
+            dv: 64,
+            kernel: 4,
+        };
+        let moe = |shared| TinyFf::Moe {
+            experts: 16,
+            top_k: 4,
+            intermediate: hidden / 2,
+            shared,
+        };
+        let pattern = [
+            TinyLayer {
+                mixer: gdn.clone(),
+                ff: moe(Some(hidden)),
+            },
+            TinyLayer {
+                mixer: TinyMixer::Attention { gated: true },
+                ff: TinyFf::Dense {
+                    intermediate: 3 * hidden,
+                },
+            },
+            TinyLayer {
+                mixer: gdn,
+                ff: TinyFf::Dense {
+                    intermediate: 3 * hidden,
+                },
+            },
+            TinyLayer {
+                mixer: TinyMixer::Attention { gated: false },
+                ff: moe(None),
+            },
+        ];
+        TinySpec {
+            hidden,
+            heads,
+            kv_heads: (heads / 4).max(1),
+            head_dim: 64,
+            layers: (0..layers).map(|i| pattern[i % 4].clone()).collect(),
+            mtp: true,
+            dtype: DType::Q8Row,
+            norm_topk_prob: true,
+            zero_centred: true,
+            partial_rotary: 0.25,
+            successor: true,
+            seed: 5,
+        }
+    }
+}
+
 struct Planned {
     plan: TensorPlan,
     values: Vec<f32>,

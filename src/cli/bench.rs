@@ -2,11 +2,17 @@
 //! and decode speed, time to first token and peak RSS. Each measurement runs `--repeat`
 //! times after a warm-up (weights paged in) and the median is reported, as llama-bench
 //! reports averages over repetitions.
+//!
+//! `--mtp` also measures speculative decoding with the file's MTP head, interleaved with
+//! plain decoding repetition by repetition (the machine's noise hits both alike), and
+//! reports both speeds, the speed-up and the acceptance rate. The JSON also gives the
+//! session state's size: KV bytes at the benchmark's context and the recurrent
+//! (linear-attention) state, which does not grow with context.
 
 use std::time::Instant;
 
-use cortiq_engine::runtime::sampler::argmax;
-use cortiq_engine::runtime::session::Session;
+use cortiq_engine::runtime::sampler::{argmax, SamplingParams};
+use cortiq_engine::runtime::session::{GenerateParams, Session, Step};
 use serde_json::json;
 
 use super::common::{emit, print_json, CliError, CmdResult, Status};
@@ -25,6 +31,9 @@ pub struct Args {
     /// Repetitions of each measurement (the median is reported).
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub repeat: usize,
+    /// Also measure speculative decoding with the MTP head (see the module comment).
+    #[arg(long)]
+    pub mtp: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -60,6 +69,12 @@ pub fn run(a: &Args) -> CmdResult {
         )));
     }
     let err = |e| model_error(&a.model.file, &e);
+    if a.mtp && model.mtp.is_none() {
+        return Err(CliError::usage(format!(
+            "--mtp: {} has no MTP head (model.mtp.*)",
+            a.model.file.display()
+        )));
+    }
     // A fixed pseudo-random prompt (the content does not change the cost).
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
     let prompt: Vec<u32> = (0..a.prompt_tokens)
@@ -78,6 +93,31 @@ pub fn run(a: &Args) -> CmdResult {
         .map_err(err)?;
 
     let (mut prefill, mut decode, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut plain_gen, mut mtp_gen) = (Vec::new(), Vec::new());
+    let (mut drafted, mut accepted) = (0usize, 0usize);
+    let mut spec_session = if a.mtp {
+        let mut s = Session::new(model.clone(), need);
+        s.set_speculative(true).map_err(CliError::usage)?;
+        Some(s)
+    } else {
+        None
+    };
+    // Greedy generation through the stepper (what `run` does), stop tokens ignored.
+    let params = GenerateParams {
+        max_tokens: a.tokens,
+        sampling: SamplingParams::greedy(),
+        stop_ids: Vec::new(),
+    };
+    let gen_rate = |s: &mut Session| -> Result<(f64, usize, usize), CliError> {
+        s.reset();
+        let mut g = s.start(&prompt, &params).map_err(err)?;
+        loop {
+            match g.next().map_err(|e| err(e.error))? {
+                Step::Done(st) => return Ok((st.decode_tok_s, st.drafted, st.accepted)),
+                Step::Prefill { .. } | Step::Token(_) => {}
+            }
+        }
+    };
     // Measured as `run` runs: the whole loop inside the engine's pool.
     cortiq_engine::exec::pool().install(|| -> Result<(), CliError> {
         for _ in 0..a.repeat {
@@ -94,9 +134,29 @@ pub fn run(a: &Args) -> CmdResult {
                 next = argmax(session.logits()) as u32;
             }
             decode.push(a.tokens as f64 / t1.elapsed().as_secs_f64());
+            if let Some(spec) = spec_session.as_mut() {
+                plain_gen.push(gen_rate(&mut session)?.0);
+                let (rate, d, acc) = gen_rate(spec)?;
+                mtp_gen.push(rate);
+                drafted += d;
+                accepted += acc;
+            }
         }
         Ok(())
     })?;
+    let mtp = a.mtp.then(|| {
+        let (plain, fast) = (median(plain_gen.clone()), median(mtp_gen.clone()));
+        json!({
+            "plain_decode_tok_s": plain,
+            "mtp_decode_tok_s": fast,
+            "speedup": fast / plain,
+            "drafted": drafted,
+            "accepted": accepted,
+            "acceptance": if drafted > 0 { accepted as f64 / drafted as f64 } else { 0.0 },
+        })
+    });
+    let kv_bytes = session.state().kv_bytes(need);
+    let recurrent_bytes = session.state().recurrent_bytes();
     let threads = cortiq_engine::exec::threads();
     let dtypes = {
         let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
@@ -121,6 +181,10 @@ pub fn run(a: &Args) -> CmdResult {
             "repeat": a.repeat,
             "model_bytes": model.file.total_bytes(),
             "weight_bytes_by_dtype": dtypes,
+            "context": need,
+            "kv_bytes": kv_bytes,
+            "recurrent_state_bytes": recurrent_bytes,
+            "mtp": mtp,
         }))?;
     } else {
         emit(&format!(
@@ -135,6 +199,22 @@ pub fn run(a: &Args) -> CmdResult {
             load_s * 1e3,
             rss.map_or("?".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
         ))?;
+        emit(&format!(
+            "  state at {need} positions: KV {:.1} KiB, recurrent {:.1} KiB\n",
+            kv_bytes as f64 / 1024.0,
+            recurrent_bytes as f64 / 1024.0
+        ))?;
+        if let Some(m) = &mtp {
+            emit(&format!(
+                "  MTP: decode {:.1} tok/s vs {:.1} plain (×{:.2}), drafts accepted {} of {} ({:.0}%)\n",
+                m["mtp_decode_tok_s"].as_f64().unwrap_or(0.0),
+                m["plain_decode_tok_s"].as_f64().unwrap_or(0.0),
+                m["speedup"].as_f64().unwrap_or(0.0),
+                accepted,
+                drafted,
+                100.0 * m["acceptance"].as_f64().unwrap_or(0.0),
+            ))?;
+        }
     }
     Ok(Status::Success)
 }

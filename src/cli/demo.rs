@@ -39,6 +39,23 @@ pub struct Args {
     /// Write the self-made synthetic demo (no download): every dtype, masks, a skill, experts.
     #[arg(long)]
     pub synthetic: bool,
+    /// Write a self-made hybrid instead: Gated DeltaNet and gated full-attention layers,
+    /// dense and MoE feed-forwards, and an MTP head (for `run --mtp`, `bench --mtp` and
+    /// the routing view; no small real model has them all). Its weights are built to
+    /// continue each token with a fixed successor, so its text is not language.
+    #[arg(long, conflicts_with = "synthetic")]
+    pub hybrid: bool,
+    /// With --hybrid: the hidden width (a multiple of 64; default 72, the smallest
+    /// awkward test size).
+    #[arg(long, requires = "hybrid", value_name = "N")]
+    pub hidden: Option<u64>,
+    /// With --hybrid: the number of layers (default 4).
+    #[arg(long, requires = "hybrid", value_name = "N")]
+    pub layers: Option<usize>,
+    /// With --hybrid: random weights everywhere, so the MTP head's drafts are nearly
+    /// always rejected (to measure what a rejected draft costs).
+    #[arg(long, requires = "hybrid")]
+    pub random_draft: bool,
 }
 
 impl Args {
@@ -92,6 +109,9 @@ fn demo_provenance() -> Value {
 pub fn run(args: &Args) -> CmdResult {
     if args.synthetic {
         return synthetic(args, None);
+    }
+    if args.hybrid {
+        return hybrid(args);
     }
     let started = Instant::now();
     if let Some(file) = existing_real_demo(&args.output) {
@@ -311,6 +331,53 @@ fn real_done(
     emit(&format!(
         "\nTry it: cortiq run {out} --prompt {:?}\nExplore it: cortiq {out} | cortiq tensors {out} | cortiq verify {out}\n",
         SUGGESTED_PROMPT
+    ))?;
+    Ok(Status::Success)
+}
+
+/// `--hybrid`: the self-made hybrid with an MTP head.
+fn hybrid(args: &Args) -> CmdResult {
+    use cortiq_engine::tinymodel::{write_tiny, TinySpec};
+    let spec = match (args.hidden, args.layers) {
+        (None, None) => TinySpec {
+            mtp: true,
+            successor: true,
+            ..TinySpec::hybrid()
+        },
+        (h, l) => {
+            let h = h.unwrap_or(256);
+            if h == 0 || h % 64 != 0 || h > 16384 {
+                return Err(CliError::usage(
+                    "--hidden must be a multiple of 64, at most 16384",
+                ));
+            }
+            let l = l.unwrap_or(4);
+            if l == 0 || l > 256 {
+                return Err(CliError::usage("--layers must be 1 to 256"));
+            }
+            TinySpec::hybrid_scaled(h, l)
+        }
+    };
+    let spec = TinySpec {
+        successor: !args.random_draft,
+        ..spec
+    };
+    let summary = write_tiny(&args.output, &spec).map_err(|e| CliError::io(e.to_string()))?;
+    if args.json {
+        print_json(&json!({
+            "ok": true,
+            "kind": "hybrid",
+            "output": summary.path,
+            "bytes": summary.bytes,
+            "tensors": summary.tensors,
+        }))?;
+        return Ok(Status::Success);
+    }
+    emit(&format!(
+        "wrote {} (the self-made hybrid: {}, {} tensors)\n\nTry: cortiq run {0} --ids 1,2,3 --greedy --mtp --stats | cortiq bench {0} --mtp\n",
+        esc_path(&args.output),
+        human_bytes(summary.bytes),
+        summary.tensors,
     ))?;
     Ok(Status::Success)
 }

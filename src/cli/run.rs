@@ -67,6 +67,16 @@ pub struct Args {
     /// messages and settings.
     #[arg(long, value_name = "S.json", conflicts_with_all = ["prompt", "ids"])]
     pub session: Option<std::path::PathBuf>,
+    /// Speculative decoding with the file's MTP head (§2.1): the same output as without
+    /// it when greedy (the same distribution when sampling), faster when drafts are
+    /// accepted. The stats report drafts and acceptance.
+    #[arg(long)]
+    pub mtp: bool,
+    /// Write per-layer expert selection counts and weight mass (MoE models) of every
+    /// position run, as JSON (format `cortiq-route-stats` v1; `moe-mask` and
+    /// `moe-defrag` read it). Written at the end, atomically.
+    #[arg(long, value_name = "FILE.json")]
+    pub route_stats: Option<std::path::PathBuf>,
     #[arg(long)]
     pub json: bool,
 }
@@ -131,7 +141,7 @@ fn conversation_error(a: &Args, e: ConversationError) -> CliError {
 
 fn stats_line(s: &GenerationStats) -> String {
     format!(
-        "[{} prompt tokens ({} reused) at {:.1} tok/s, {} generated at {:.1} tok/s, ttft {:.0} ms, {} of {} context, stop: {:?}]",
+        "[{} prompt tokens ({} reused) at {:.1} tok/s, {} generated at {:.1} tok/s, ttft {:.0} ms, {} of {} context, stop: {:?}{}]",
         s.prompt_tokens,
         s.reused_tokens,
         s.prefill_tok_s,
@@ -140,7 +150,17 @@ fn stats_line(s: &GenerationStats) -> String {
         s.ttft_s * 1e3,
         s.context_used,
         s.context_capacity,
-        s.stop
+        s.stop,
+        if s.drafted > 0 {
+            format!(
+                ", MTP drafts {} accepted of {} ({:.0}%)",
+                s.accepted,
+                s.drafted,
+                100.0 * s.accepted as f64 / s.drafted as f64
+            )
+        } else {
+            String::new()
+        }
     )
 }
 
@@ -190,6 +210,18 @@ pub fn run(a: &Args) -> CmdResult {
     let bundle = Arc::new(ChatBundle::from_model(&model.file).map_err(|e| chat_error(a, e))?);
     let interrupt = Interrupt::install();
     let context = a.model.context(&model);
+    if a.mtp && model.mtp.is_none() {
+        return Err(CliError::usage(format!(
+            "--mtp: {} has no MTP head (model.mtp.*)",
+            a.model.file.display()
+        )));
+    }
+    if a.route_stats.is_some() && !model.has_moe() {
+        return Err(CliError::usage(format!(
+            "--route-stats: {} has no mixture-of-experts layer",
+            a.model.file.display()
+        )));
+    }
 
     if a.ids.is_some() || (a.prompt.is_some() && a.raw) {
         return one_shot_raw(a, &model, &bundle, &settings, context, &interrupt);
@@ -203,10 +235,17 @@ pub fn run(a: &Args) -> CmdResult {
             e => conversation_error(a, e),
         },
     )?;
+    if a.mtp {
+        conv.set_speculative(true).map_err(CliError::usage)?;
+    }
+    if a.route_stats.is_some() {
+        conv.log_routes();
+    }
     if let Some(p) = &a.prompt {
         conv.push_user(p.as_str());
         let stream = !a.json;
         let (ids, text, stats) = answer(a, &mut conv, &interrupt, stream, false)?;
+        write_route_stats(a, conv.session())?;
         return print_answer(a, &ids, &text, &stats);
     }
     if a.json {
@@ -218,7 +257,22 @@ pub fn run(a: &Args) -> CmdResult {
             eprintln!("cortiq: warning: {w}");
         }
     }
-    chat_loop(a, &mut conv, &interrupt)
+    let r = chat_loop(a, &mut conv, &interrupt);
+    write_route_stats(a, conv.session())?;
+    r
+}
+
+/// `--route-stats`: the counts of every position the session holds.
+fn write_route_stats(a: &Args, session: &Session) -> Result<(), CliError> {
+    let (Some(path), Some(log)) = (&a.route_stats, session.routes()) else {
+        return Ok(());
+    };
+    let mut stats = log.stats(0..log.len);
+    stats.model = Some(a.model.file.display().to_string());
+    let text = serde_json::to_string_pretty(&stats).expect("route stats serialise");
+    cortiq_engine::format::writer::write_atomic(path, text.as_bytes())
+        .map_err(|e| CliError::io(format!("--route-stats: {e}")))?;
+    Ok(())
 }
 
 /// The end of a one-shot answer: the JSON document, or a newline and the stats line.
@@ -263,6 +317,12 @@ fn one_shot_raw(
         },
     };
     let mut session = Session::new(model.clone(), context);
+    if a.mtp {
+        session.set_speculative(true).map_err(CliError::usage)?;
+    }
+    if a.route_stats.is_some() {
+        session.log_routes();
+    }
     let mut printer = bundle.tokenizer().map(|t| t.stream(true));
     let mut text = String::new();
     let mut out = std::io::stdout();
@@ -293,6 +353,7 @@ fn one_shot_raw(
     })();
     interrupt.end();
     let (ids, stats) = result.map_err(|e| model_error(&a.model.file, &e))?;
+    write_route_stats(a, &session)?;
     if let Some(Ok(Some(rest))) = printer.as_mut().map(|p| p.finish()) {
         if stream {
             let _ = write!(out, "{}", esc_keep_newlines(&rest));

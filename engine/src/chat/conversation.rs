@@ -175,6 +175,12 @@ impl Conversation {
         self.session.log_routes();
     }
 
+    /// Speculative decoding with the model's MTP head (see
+    /// [`Session::set_speculative`]); the state restarts empty.
+    pub fn set_speculative(&mut self, on: bool) -> Result<(), String> {
+        self.session.set_speculative(on)
+    }
+
     pub fn model(&self) -> &Arc<Model> {
         &self.session.model
     }
