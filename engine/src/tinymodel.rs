@@ -71,6 +71,9 @@ pub struct TinySpec {
     /// Build the successor structure (see the module comment).
     pub successor: bool,
     pub seed: u64,
+    /// `arch.moe.num_experts` when it differs from the experts present (a §11.1
+    /// defragmented file keeps the original count as nominal).
+    pub nominal_experts: Option<u64>,
 }
 
 impl TinySpec {
@@ -89,6 +92,7 @@ impl TinySpec {
             partial_rotary: 1.0,
             successor: false,
             seed: 11,
+            nominal_experts: None,
         }
     }
 
@@ -189,6 +193,7 @@ impl TinySpec {
             partial_rotary: 0.25,
             successor: true,
             seed: 5,
+            nominal_experts: None,
         }
     }
 }
@@ -455,7 +460,7 @@ pub fn write_tiny(out: &Path, spec: &TinySpec) -> Result<WriteSummary> {
             intermediate,
             shared,
         } => Some(Moe {
-            num_experts: experts,
+            num_experts: spec.nominal_experts.unwrap_or(experts),
             top_k,
             moe_intermediate_size: Some(intermediate),
             norm_topk_prob: Some(spec.norm_topk_prob),

@@ -39,6 +39,9 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// The counter is global: the tests take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn decode_allocations(stem: &str, precision: Precision) -> usize {
     let path = common::fixture(&format!("cmf/{stem}.cmf"));
     let mut model = Model::load(Arc::new(CmfModel::open(&path).unwrap())).unwrap();
@@ -82,6 +85,7 @@ fn decode_allocations(stem: &str, precision: Precision) -> usize {
 
 #[test]
 fn decoding_allocates_nothing_per_token() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // More workers than cores: which worker decodes which row block then varies from
     // token to token, so a buffer sized only on the warm-up tokens' workers shows up.
     cortiq_engine::exec::set_threads(8).unwrap();
@@ -91,8 +95,64 @@ fn decoding_allocates_nothing_per_token() {
         ("qwen3-q4", Precision::Fast),
         ("qwen3-vbit", Precision::Exact),
         ("gemma3-q8", Precision::Exact),
+        ("qwen3_5-q8", Precision::Exact),
+        ("qwen3_moe-q8", Precision::Fast),
     ] {
         let n = decode_allocations(stem, p);
         assert_eq!(n, 0, "{stem} ({p:?}): {n} allocations in 40 decoded tokens");
+    }
+}
+
+/// Speculative decoding and the route log allocate nothing per token either (the
+/// self-made hybrid: Gated DeltaNet rollback, MoE routes, the MTP head).
+#[test]
+fn speculative_decoding_with_routes_allocates_nothing_per_token() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    use cortiq_engine::runtime::session::{GenerateParams, Step};
+    use cortiq_engine::tinymodel::{write_tiny, TinySpec};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hybrid.cmf");
+    for successor in [true, false] {
+        write_tiny(
+            &path,
+            &TinySpec {
+                mtp: true,
+                successor,
+                ..TinySpec::hybrid()
+            },
+        )
+        .unwrap();
+        let model = Model::load(Arc::new(CmfModel::open(&path).unwrap())).unwrap();
+        let mut session = Session::new(Arc::new(model), 256);
+        session.set_speculative(true).unwrap();
+        session.log_routes();
+        let params = GenerateParams {
+            max_tokens: 80,
+            sampling: SamplingParams::greedy(),
+            stop_ids: vec![],
+        };
+        let prompt: Vec<u32> = (1..20).collect();
+        let n = cortiq_engine::exec::pool().install(|| {
+            let mut g = session.start(&prompt, &params).unwrap();
+            let mut tokens = 0;
+            let mut counted = None;
+            loop {
+                if tokens == 10 {
+                    ALLOCATIONS.store(0, Ordering::SeqCst);
+                    COUNTING.store(true, Ordering::SeqCst);
+                }
+                match g.next().unwrap() {
+                    Step::Token(_) => tokens += 1,
+                    Step::Done(_) => break,
+                    Step::Prefill { .. } => {}
+                }
+                if tokens == 70 && COUNTING.load(Ordering::SeqCst) {
+                    COUNTING.store(false, Ordering::SeqCst);
+                    counted = Some(ALLOCATIONS.load(Ordering::SeqCst));
+                }
+            }
+            counted.expect("70 tokens were generated")
+        });
+        assert_eq!(n, 0, "successor {successor}: {n} allocations in 60 tokens");
     }
 }
