@@ -1,7 +1,8 @@
 //! End-to-end: the workbench in a real terminal. tmux runs `cortiq` on a fixture, keys are
 //! sent with send-keys and the screen is read with capture-pane: every view is visited,
 //! tensors are filtered, a histogram opened, verify run to green, a corrupted copy opened
-//! to its error view, and quitting leaves the terminal (the tmux pane) cleanly.
+//! to its error view, a MoE chat's routes shown in the routing view, and quitting leaves
+//! the terminal (the tmux pane) cleanly.
 
 mod common;
 use common::tmux::Session;
@@ -70,6 +71,47 @@ fn the_workbench_in_a_real_terminal() {
     std::fs::write(&bad, b).unwrap();
     let s = Session::start("cortiq-e2e-bad", &bad, &log);
     s.wait_for(&["Cannot open", "InvalidMagic"]);
+    s.keys(&["q"]);
+    assert!(s.wait_exit().contains("EXITED 0"));
+}
+
+#[test]
+fn the_routing_view_shows_a_moe_chats_experts() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("demo.cmf");
+    // The synthetic demo: qwen3_moe, 8 experts (top-2) on layers 1, 3 and 5.
+    cortiq_engine::synth::write_demo(&model).unwrap();
+    let log = dir.path().join("cortiq.log");
+    // Not a prefix of another test's session name: tmux matches targets by prefix.
+    let s = Session::start("cortiq-routing-e2e", &model, &log);
+    s.wait_for(&["1 Overview", "7 Routing"]);
+    s.keys(&["6"]);
+    s.wait_for_within(&["ctx 0/"], std::time::Duration::from_secs(60));
+    for cmd in ["/set greedy on", "/set max-tokens 8", "Hello"] {
+        s.literal(cmd);
+        s.keys(&["Enter"]);
+    }
+    s.wait_for_within(
+        &["tok/s", "token limit"],
+        std::time::Duration::from_secs(60),
+    );
+    // Esc leaves the input, so 7 switches views instead of typing.
+    s.keys(&["Escape", "7"]);
+    let screen = s.wait_for(&[
+        "experts per layer",
+        "× top-2 of 8",
+        "first expert at layer 1",
+    ]);
+    assert!(
+        screen.contains("▶ 1") && screen.contains("  3") && screen.contains("  5"),
+        "a heat-map row per MoE layer:\n{screen}"
+    );
+    assert!(
+        ['░', '▒', '▓', '█'].iter().any(|g| screen.contains(*g)),
+        "the heat map shades the experts chosen:\n{screen}"
+    );
+    s.keys(&["m", "Down"]);
+    s.wait_for(&["weight mass ·", "first expert at layer 3"]);
     s.keys(&["q"]);
     assert!(s.wait_exit().contains("EXITED 0"));
 }

@@ -404,6 +404,8 @@ impl ChatState {
                 return Some(verdict);
             }
             ChatReport::Note(n) => return Some(n.clone()),
+            // The routing view's (7).
+            ChatReport::RouteLayout { .. } | ChatReport::Routes { .. } => {}
         }
         None
     }

@@ -2,7 +2,8 @@
 //! takes commands over a channel and reports every step back as an Action. The UI never
 //! waits on the engine; a running answer is cancelled through a shared flag, checked
 //! between steps. Every report of a request carries its job id, so that the chat state
-//! drops stale ones in one place.
+//! drops stale ones in one place. For MoE models the worker also reports the session's
+//! route log as it grows or is cut, for the routing view's mirror.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +16,7 @@ use cortiq_engine::exec::Foreground;
 use cortiq_engine::format::shards::CmfModel;
 use cortiq_engine::model::{ModelError, Precision};
 use cortiq_engine::runtime::load::{load_unverified, verify_model, LoadError, LoadOptions};
-use cortiq_engine::runtime::session::GenerationStats;
+use cortiq_engine::runtime::session::{GenerationStats, Session};
 
 use super::jobs::JobReport;
 use super::Action;
@@ -72,6 +73,30 @@ pub struct TokenReport {
     pub prob: f32,
     /// The ten most likely tokens at its position: id, text, probability.
     pub top: Vec<(u32, String, f32)>,
+}
+
+/// One MoE layer of the model as the route log holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouteLayer {
+    /// The model's layer index.
+    pub layer: usize,
+    pub experts: usize,
+    /// Experts each position chooses.
+    pub k: usize,
+}
+
+/// The session's route log since the last report: a mirror cuts its copy to `from`
+/// positions (a truncation when it holds more: a new prompt not sharing the prefix, a
+/// reset), then appends these rows.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RouteRows {
+    pub from: usize,
+    /// Per new position: the token the forward took as input, and that token decoded
+    /// alone (cut short).
+    pub tokens: Vec<(u32, String)>,
+    /// Per MoE layer, in the order of [`ChatReport::RouteLayout`]: `[rows, k]` expert ids
+    /// (best first) and their weights.
+    pub layers: Vec<(Vec<u32>, Vec<f32>)>,
 }
 
 /// What the worker reports.
@@ -131,6 +156,17 @@ pub enum ChatReport {
     },
     /// One line for the status bar.
     Note(String),
+    /// The model's MoE layers, sent once before `Ready` (empty for a dense model: it
+    /// logs no routes).
+    RouteLayout {
+        layers: Vec<RouteLayer>,
+    },
+    /// Route rows new since the last such report (see [`RouteRows`]). They describe
+    /// the worker's session, so a mirror applies every one in order, whatever its job.
+    Routes {
+        job: u64,
+        rows: RouteRows,
+    },
 }
 
 impl ChatReport {
@@ -143,7 +179,8 @@ impl ChatReport {
             | ChatReport::Failed { job, .. }
             | ChatReport::Prompt { job, .. }
             | ChatReport::Messages { job, .. }
-            | ChatReport::Replayed { job, .. } => Some(*job),
+            | ChatReport::Replayed { job, .. }
+            | ChatReport::Routes { job, .. } => Some(*job),
             _ => None,
         }
     }
@@ -255,28 +292,77 @@ fn run(
     let Some(mut conv) = load(path, precision, rx, cancel, report) else {
         return;
     };
+    report(ChatReport::RouteLayout {
+        layers: conv
+            .session()
+            .routes()
+            .map(|log| {
+                log.layers
+                    .iter()
+                    .map(|l| RouteLayer {
+                        layer: l.layer,
+                        experts: l.experts,
+                        k: l.k,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    });
+    let mut routes = RouteSync::default();
     report(ChatReport::Ready {
         precision: name_of(precision).into(),
         capacity: conv.session().capacity(),
         warnings: conv.model().warnings.clone(),
     });
     while let Ok(cmd) = rx.recv() {
+        let asks = match &cmd {
+            ChatCommand::Send { job, .. }
+            | ChatCommand::Regenerate { job }
+            | ChatCommand::EditResend { job, .. } => Some(*job),
+            _ => None,
+        };
         match cmd {
             ChatCommand::Send { job, text } => {
                 conv.push_user(text);
-                answer(&mut conv, job, cancel, report, Start::Reply, gate);
+                answer(
+                    &mut conv,
+                    job,
+                    cancel,
+                    report,
+                    Start::Reply,
+                    gate,
+                    &mut routes,
+                );
             }
-            ChatCommand::Regenerate { job } => {
-                answer(&mut conv, job, cancel, report, Start::Regenerate, gate)
-            }
+            ChatCommand::Regenerate { job } => answer(
+                &mut conv,
+                job,
+                cancel,
+                report,
+                Start::Regenerate,
+                gate,
+                &mut routes,
+            ),
             ChatCommand::EditResend { job, text } => match conv.edit_last_user(text) {
-                Ok(()) => answer(&mut conv, job, cancel, report, Start::Reply, gate),
+                Ok(()) => answer(
+                    &mut conv,
+                    job,
+                    cancel,
+                    report,
+                    Start::Reply,
+                    gate,
+                    &mut routes,
+                ),
                 Err(e) => report(ChatReport::Failed {
                     job,
                     message: e.to_string(),
                 }),
             },
-            ChatCommand::Reset => conv.reset(),
+            ChatCommand::Reset => {
+                conv.reset();
+                let job = routes.job;
+                routes.sync(conv.session(), conv.bundle(), job, true, report);
+            }
             ChatCommand::Settings(s) => conv.settings = s,
             ChatCommand::Inspect { job } => report(inspect(&conv, job)),
             ChatCommand::Save { path } => {
@@ -310,8 +396,16 @@ fn run(
                 job,
                 session,
                 replay,
-            } => load_session(&mut conv, job, &session, replay, cancel, report),
+            } => {
+                load_session(&mut conv, job, &session, replay, cancel, report);
+                // A replay ran whole answers: compare the tokens to find what changed.
+                routes.sync(conv.session(), conv.bundle(), job, true, report);
+            }
             ChatCommand::LoadUnverified => {}
+        }
+        if let Some(job) = asks {
+            // A prompt refused before its first step may still have cut the state.
+            routes.sync(conv.session(), conv.bundle(), job, true, report);
         }
     }
 }
@@ -443,7 +537,11 @@ fn load(
     };
     let context = CHAT_CONTEXT.min(model.config.max_positions).max(1);
     match Conversation::new(model, bundle, context, Settings::default()) {
-        Ok(c) => Some(c),
+        Ok(mut c) => {
+            // The routing view (7) shows every position's experts (a no-op without MoE).
+            c.log_routes();
+            Some(c)
+        }
         Err(e) => {
             report(unavailable(
                 "Nothing to chat with",
@@ -461,6 +559,76 @@ enum Start {
     Regenerate,
 }
 
+/// What the routing view's mirror of the route log holds: the tokens of the rows sent.
+#[derive(Default)]
+struct RouteSync {
+    sent: Vec<u32>,
+    /// The last request's id (a reset has none of its own).
+    job: u64,
+}
+
+/// Longest token text a route row carries: the view shows short pieces only.
+const PIECE_CHARS: usize = 24;
+
+impl RouteSync {
+    /// Reports the rows of `session`'s route log that the mirror lacks. Within an answer
+    /// the log only grows (`full` false: O(1) besides the new rows); after a new prompt,
+    /// a reset or a replay (`full`) the sent tokens are compared with the session's, so a
+    /// recomputed tail is sent again. Nothing at all for a model without MoE.
+    fn sync(
+        &mut self,
+        session: &Session,
+        bundle: &ChatBundle,
+        job: u64,
+        full: bool,
+        report: &(dyn Fn(ChatReport) + Sync),
+    ) {
+        self.job = job;
+        let Some(log) = session.routes() else {
+            return;
+        };
+        let tokens = session.tokens();
+        let len = log.len.min(tokens.len());
+        let keep = if full {
+            self.sent
+                .iter()
+                .zip(&tokens[..len])
+                .take_while(|(a, b)| a == b)
+                .count()
+        } else {
+            self.sent.len().min(len)
+        };
+        if keep == self.sent.len() && keep == len {
+            return;
+        }
+        let rows = keep..len;
+        let tok = bundle.tokenizer();
+        let new = RouteRows {
+            from: keep,
+            tokens: tokens[rows.clone()]
+                .iter()
+                .map(|&id| {
+                    let text = tok
+                        .and_then(|t| t.decode(&[id], false).ok())
+                        .unwrap_or_default();
+                    (id, text.chars().take(PIECE_CHARS).collect())
+                })
+                .collect(),
+            layers: log
+                .layers
+                .iter()
+                .map(|l| {
+                    let span = rows.start * l.k..rows.end * l.k;
+                    (l.chosen[span.clone()].to_vec(), l.weights[span].to_vec())
+                })
+                .collect(),
+        };
+        self.sent.truncate(keep);
+        self.sent.extend_from_slice(&tokens[rows]);
+        report(ChatReport::Routes { job, rows: new });
+    }
+}
+
 /// Runs one answer to its end, reporting each step.
 fn answer(
     conv: &mut Conversation,
@@ -469,6 +637,7 @@ fn answer(
     report: &(dyn Fn(ChatReport) + Sync),
     start: Start,
     gate: Option<&Gate>,
+    routes: &mut RouteSync,
 ) {
     let _fg = Foreground::begin();
     // A second handle on the bundle decodes token texts while the reply holds the
@@ -489,6 +658,8 @@ fn answer(
             return;
         }
     };
+    // Starting cut the log to the prefix the new prompt shares with it.
+    routes.sync(reply.session(), &bundle, job, true, report);
     loop {
         if let Some(g) = gate {
             g.pass();
@@ -496,7 +667,10 @@ fn answer(
         if cancel.load(Ordering::Relaxed) {
             reply.cancel();
         }
-        match reply.next() {
+        let step = reply.next();
+        // Every step that ran the model logged its rows (nothing to do without MoE).
+        routes.sync(reply.session(), &bundle, job, false, report);
+        match step {
             Ok(ReplyStep::Prefill { done, total }) => {
                 report(ChatReport::Prefill { job, done, total })
             }

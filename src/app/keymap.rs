@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
 use super::chat::ChatCmd;
+use super::routing::RoutingCmd;
 use super::Action;
 
 /// Every bindable command: config name, action, help text, help section.
@@ -21,6 +22,7 @@ const COMMANDS: &[(&str, &str, &str)] = &[
     ("tab_4", "Skills", "Global"),
     ("tab_5", "Integrity", "Global"),
     ("tab_6", "Chat", "Global"),
+    ("tab_7", "Routing", "Global"),
     ("open", "open another file (picker)", "Global"),
     ("up", "move up", "Move"),
     ("down", "move down", "Move"),
@@ -84,6 +86,22 @@ const COMMANDS: &[(&str, &str, &str)] = &[
         "chat with a file whose hash chain fails",
         "Chat",
     ),
+    (
+        "routing_mass",
+        "heat map: times chosen or weight mass",
+        "Routing",
+    ),
+    (
+        "routing_prev_layer",
+        "previous MoE layer (↑ too)",
+        "Routing",
+    ),
+    ("routing_next_layer", "next MoE layer (↓ too)", "Routing"),
+    (
+        "routing_export",
+        "write the route stats JSON (<model>.route-stats.json)",
+        "Routing",
+    ),
 ];
 
 fn action_of(name: &str) -> Option<Action> {
@@ -98,6 +116,7 @@ fn action_of(name: &str) -> Option<Action> {
         "tab_4" => Action::GoTab(3),
         "tab_5" => Action::GoTab(4),
         "tab_6" => Action::GoTab(5),
+        "tab_7" => Action::GoTab(6),
         "open" => Action::OpenPicker,
         "up" => Action::Up,
         "down" => Action::Down,
@@ -133,6 +152,10 @@ fn action_of(name: &str) -> Option<Action> {
         "chat_thinking" => Action::Chat(ChatCmd::Thinking),
         "chat_save" => Action::Chat(ChatCmd::Save),
         "chat_override" => Action::Chat(ChatCmd::Override),
+        "routing_mass" => Action::Routing(RoutingCmd::Mass),
+        "routing_prev_layer" => Action::Routing(RoutingCmd::PrevLayer),
+        "routing_next_layer" => Action::Routing(RoutingCmd::NextLayer),
+        "routing_export" => Action::Routing(RoutingCmd::Export),
         _ => return None,
     })
 }

@@ -15,6 +15,9 @@ pub mod keymap;
 pub mod masks;
 pub mod overview;
 pub mod picker;
+pub mod routing;
+#[cfg(test)]
+mod routing_tests;
 pub mod skills;
 pub mod tensors;
 pub mod terminal;
@@ -45,16 +48,18 @@ pub enum Tab {
     Skills,
     Integrity,
     Chat,
+    Routing,
 }
 
 impl Tab {
-    pub const ALL: [Tab; 6] = [
+    pub const ALL: [Tab; 7] = [
         Tab::Overview,
         Tab::Tensors,
         Tab::Masks,
         Tab::Skills,
         Tab::Integrity,
         Tab::Chat,
+        Tab::Routing,
     ];
     pub fn title(self) -> &'static str {
         match self {
@@ -64,6 +69,7 @@ impl Tab {
             Tab::Skills => "Skills",
             Tab::Integrity => "Integrity",
             Tab::Chat => "Chat",
+            Tab::Routing => "Routing",
         }
     }
     fn index(self) -> usize {
@@ -119,6 +125,8 @@ pub enum Action {
     Paste(String),
     /// A command of the chat view.
     Chat(chat::ChatCmd),
+    /// A command of the routing view.
+    Routing(routing::RoutingCmd),
     Resize(u16, u16),
     /// A worker's report.
     Job(JobReport),
@@ -152,6 +160,8 @@ pub struct ModelScreen {
     /// Started on the first visit of the Chat tab (or at once when the workbench opens
     /// on it): loading a model costs nothing until someone wants to chat.
     pub chat: Option<chat::ChatState>,
+    /// Mirrors the chat's route log (MoE models) from the chat worker's reports.
+    pub routing: routing::RoutingState,
 }
 
 impl ModelScreen {
@@ -164,6 +174,7 @@ impl ModelScreen {
             Tab::Skills => &self.skills,
             Tab::Integrity => &self.integrity,
             Tab::Chat => self.chat.as_ref()?,
+            Tab::Routing => &self.routing,
         })
     }
 
@@ -175,6 +186,7 @@ impl ModelScreen {
             Tab::Skills => &mut self.skills,
             Tab::Integrity => &mut self.integrity,
             Tab::Chat => self.chat.as_mut()?,
+            Tab::Routing => &mut self.routing,
         })
     }
 }
@@ -295,10 +307,11 @@ impl App {
                     skills,
                     integrity,
                     chat: None,
+                    routing: routing::RoutingState::new(),
                     file,
                     model,
                 });
-                if screen.tab == Tab::Chat {
+                if matches!(screen.tab, Tab::Chat | Tab::Routing) {
                     App::ensure_chat(&mut screen, &self.chat_tx, &mut self.start);
                 }
                 Screen::Model(screen)
@@ -412,13 +425,14 @@ impl App {
                 if m.tab == Tab::Tensors && m.tensors.is_none() {
                     m.tensors = Some(tensors::TensorsState::new(&m.model));
                 }
-                if m.tab == Tab::Chat {
+                // The routing view shows the chat's conversation: it starts the worker too.
+                if matches!(m.tab, Tab::Chat | Tab::Routing) {
                     App::ensure_chat(m, &self.chat_tx, &mut self.start);
-                    if before != Tab::Chat {
-                        // Entering the chat puts the cursor in the input.
-                        if let Some(c) = m.chat.as_mut() {
-                            c.focused = true;
-                        }
+                }
+                // Entering the chat puts the cursor in the input.
+                if m.tab == Tab::Chat && before != Tab::Chat {
+                    if let Some(c) = m.chat.as_mut() {
+                        c.focused = true;
                     }
                 }
             }

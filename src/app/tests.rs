@@ -17,6 +17,8 @@ fn tabs_cycle_by_key_digit_and_mouse() {
     h.act(Action::NextTab);
     assert_eq!(tab(&h), Tab::Tensors);
     h.act(Action::PrevTab).act(Action::PrevTab);
+    assert_eq!(tab(&h), Tab::Routing);
+    h.act(Action::PrevTab);
     assert_eq!(tab(&h), Tab::Chat);
     h.act(Action::PrevTab);
     assert_eq!(tab(&h), Tab::Integrity);

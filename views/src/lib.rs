@@ -12,5 +12,6 @@ pub mod integrity;
 pub mod markdown;
 pub mod masks;
 pub mod overview;
+pub mod routing;
 pub mod skills;
 pub mod tensors;

@@ -19,6 +19,9 @@ pub struct Theme {
     pub key: Style,
     /// Heat-map ramp from cold (0.0) to hot (1.0).
     pub heat: Vec<Color>,
+    /// Distinct colours for categories (the routing view's experts), used in turn; empty
+    /// without colours (the views then mark categories with text).
+    pub series: Vec<Color>,
 }
 
 impl Theme {
@@ -56,6 +59,18 @@ impl Theme {
                 Color::Rgb(240, 160, 30),
                 Color::Rgb(240, 80, 30),
             ],
+            series: vec![
+                Color::Rgb(230, 159, 0),
+                Color::Rgb(86, 180, 233),
+                Color::Rgb(0, 158, 115),
+                Color::Rgb(240, 228, 66),
+                Color::Rgb(0, 114, 178),
+                Color::Rgb(213, 94, 0),
+                Color::Rgb(204, 121, 167),
+                Color::Rgb(170, 170, 170),
+                Color::Rgb(140, 210, 120),
+                Color::Rgb(250, 140, 140),
+            ],
         }
     }
 
@@ -76,6 +91,7 @@ impl Theme {
             tab_inactive: s,
             key: s.add_modifier(Modifier::BOLD),
             heat: vec![],
+            series: vec![],
         }
     }
 
