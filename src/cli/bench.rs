@@ -34,6 +34,10 @@ pub struct Args {
     /// Also measure speculative decoding with the MTP head (see the module comment).
     #[arg(long)]
     pub mtp: bool,
+    /// Log every position's expert choices while measuring (what the routing view and
+    /// `run --route-stats` do), to see what it costs.
+    #[arg(long)]
+    pub routes: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -86,6 +90,9 @@ pub fn run(a: &Args) -> CmdResult {
         })
         .collect();
     let mut session = Session::new(model.clone(), need);
+    if a.routes {
+        session.log_routes();
+    }
 
     // Warm-up: page the weights in and size every buffer.
     session
@@ -98,6 +105,9 @@ pub fn run(a: &Args) -> CmdResult {
     let mut spec_session = if a.mtp {
         let mut s = Session::new(model.clone(), need);
         s.set_speculative(true).map_err(CliError::usage)?;
+        if a.routes {
+            s.log_routes();
+        }
         Some(s)
     } else {
         None
@@ -182,6 +192,7 @@ pub fn run(a: &Args) -> CmdResult {
             "model_bytes": model.file.total_bytes(),
             "weight_bytes_by_dtype": dtypes,
             "context": need,
+            "routes_logged": a.routes && model.has_moe(),
             "kv_bytes": kv_bytes,
             "recurrent_state_bytes": recurrent_bytes,
             "mtp": mtp,
