@@ -695,14 +695,15 @@ mod tests {
     #[test]
     fn the_output_gate_is_twice_what_o_proj_reads() {
         // 5 heads of 13 = 65 (odd, not a power of two); q_proj 130 rows = gated.
-        let mut v = Vec::new();
-        v.push(t("model.layers.0.self_attn.q_proj.weight", &[130, 72]));
-        v.push(t("model.layers.0.self_attn.o_proj.weight", &[72, 65]));
-        v.push(t("model.layers.1.self_attn.q_proj.weight", &[65, 72]));
-        v.push(t("model.layers.1.self_attn.o_proj.weight", &[72, 65]));
-        // Without o_proj the header's heads × head_dim decide (3 × 24 = 72).
-        v.push(t("model.layers.2.self_attn.q_proj.weight", &[144, 72]));
-        v.push(t("model.layers.3.self_attn.q_proj.weight", &[144, 72]));
+        let v = vec![
+            t("model.layers.0.self_attn.q_proj.weight", &[130, 72]),
+            t("model.layers.0.self_attn.o_proj.weight", &[72, 65]),
+            t("model.layers.1.self_attn.q_proj.weight", &[65, 72]),
+            t("model.layers.1.self_attn.o_proj.weight", &[72, 65]),
+            // Without o_proj the header's heads × head_dim decide (3 × 24 = 72).
+            t("model.layers.2.self_attn.q_proj.weight", &[144, 72]),
+            t("model.layers.3.self_attn.q_proj.weight", &[144, 72]),
+        ];
         let a = arch(None);
         let m = classify(&v, Some(&a));
         let gated: Vec<bool> = m.layers.iter().map(|l| l.gated).collect();

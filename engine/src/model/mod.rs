@@ -320,6 +320,23 @@ impl Model {
         Workspace::new(self, t_max)
     }
 
+    /// The widest input of any weight product (the per-thread activation buffers are
+    /// sized for it): hidden, MLP widths, attention heads, Gated DeltaNet values, and the
+    /// MTP head's `2·hidden`.
+    pub fn widest_input(&self) -> usize {
+        let c = &self.config;
+        let mut w = c.hidden.max(c.intermediate).max(c.n_heads * c.head_dim);
+        for l in self.layers.iter().chain(self.mtp.iter().flat_map(|m| m.layers.iter())) {
+            if let TokenMixer::GatedDeltaNet(g) = &l.mixer {
+                w = w.max(g.cfg.value_dim());
+            }
+        }
+        if self.mtp.is_some() {
+            w = w.max(2 * c.hidden);
+        }
+        w
+    }
+
     /// Whether any layer is a mixture of experts.
     pub fn has_moe(&self) -> bool {
         self.layers.iter().any(|l| l.moe().is_some())

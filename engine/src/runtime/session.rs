@@ -108,9 +108,7 @@ impl Session {
     pub fn new(model: Arc<Model>, context: usize) -> Session {
         let cap = context.clamp(1, model.config.max_positions.max(1));
         crate::model::attention::reserve_scores(cap);
-        let c = &model.config;
-        let widest = c.hidden.max(c.intermediate).max(c.n_heads * c.head_dim);
-        crate::quant::matrix::reserve_thread_buffers(widest, PREFILL_CHUNK);
+        crate::quant::matrix::reserve_thread_buffers(model.widest_input(), PREFILL_CHUNK);
         Session {
             cache: model.new_state(cap),
             ws: model.new_workspace(PREFILL_CHUNK),
