@@ -579,3 +579,161 @@ fn pipeline_config_json_is_shown() {
     assert_eq!(c["config"]["model_type"], "gemma2");
     assert!(stdout(&run!("info", p)).contains(r#"te  config 33.0 KiB: {"model_type":"gemma2""#));
 }
+
+/// `info`'s per-layer kinds: `layers` (one object per decoder layer), `layers_summary`,
+/// `mtp_head`; and the text's `layers` section.
+#[test]
+fn info_reports_each_layers_mixer_and_feed_forward() {
+    // Qwen3.5: three Gated DeltaNet layers, then full attention with the output gate.
+    let f = fixture("qwen3_5-q8.cmf");
+    let o = run!("info", f, "--json");
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    let layers = v["layers"].as_array().expect("layers is a list");
+    assert_eq!(layers.len(), 4);
+    let mixers: Vec<&str> = layers
+        .iter()
+        .map(|l| l["mixer"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        mixers,
+        [
+            "linear_attention",
+            "linear_attention",
+            "linear_attention",
+            "full_attention"
+        ]
+    );
+    let gated: Vec<bool> = layers
+        .iter()
+        .map(|l| l["gated"].as_bool().unwrap())
+        .collect();
+    assert_eq!(gated, [false, false, false, true]);
+    for (i, l) in layers.iter().enumerate() {
+        assert_eq!(l["index"], i as u64);
+        assert_eq!(l["ffn"], "dense");
+        assert_eq!(l["width"], 128);
+        assert_eq!(l["experts"], Value::Null);
+        assert_eq!(l["shared_expert"], false);
+    }
+    assert_eq!(layers[0]["declared"], "LinearAttention");
+    assert_eq!(layers[3]["tensors"], 11);
+    assert_eq!(
+        v["layers_summary"],
+        "hybrid: 3 linear-attention + 1 full-attention layers (output gate on 1); \
+         4 dense layers (width 128)"
+    );
+    assert_eq!(v["layers_scope"], "file");
+    assert_eq!(v["mtp_head"], Value::Null);
+    // The layers' bytes are the directory's minus what lies outside layers.
+    let in_layers: u64 = layers.iter().map(|l| l["bytes"].as_u64().unwrap()).sum();
+    let outside: u64 = raw_directory(&f)
+        .iter()
+        .filter(|t| !t.0.starts_with("model.layers."))
+        .map(|t| t.4)
+        .sum();
+    assert_eq!(in_layers + outside, v["tensors"]["bytes"].as_u64().unwrap());
+    // Existing keys stay.
+    assert_eq!(
+        v["arch"]["layer_types_summary"],
+        "LinearAttention ×3, FullAttention ×1"
+    );
+    let text = stdout(&run!("info", f));
+    for want in [
+        "\nlayers\n",
+        "summary  hybrid: 3 linear-attention + 1 full-attention layers",
+        "L0–2     linear·dense 128",
+        "L3       full(gated)·dense 128",
+    ] {
+        assert!(text.contains(want), "info text lacks {want:?}:\n{text}");
+    }
+
+    // Qwen3-MoE: every layer MoE with 8 experts, top-2, no shared expert.
+    let f = fixture("qwen3_moe-q8.cmf");
+    let v = json(&run!("info", f, "--json"));
+    let layers = v["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 4);
+    for l in layers {
+        assert_eq!(l["mixer"], "full_attention");
+        assert_eq!(l["gated"], false);
+        assert_eq!(l["ffn"], "moe");
+        assert_eq!(l["experts"], 8);
+        assert_eq!(l["router_rows"], 8);
+        assert_eq!(l["top_k"], 2);
+        assert_eq!(l["expert_width"], 32);
+        assert_eq!(l["width"], Value::Null);
+        assert_eq!(l["shared_expert"], false);
+        assert_eq!(l["tensors"], 33);
+    }
+    assert_eq!(
+        v["layers_summary"],
+        "4 full-attention layers; 4 MoE layers of 8 experts (top-2)"
+    );
+    let text = stdout(&run!("info", f));
+    assert!(text.contains("L0–3     full·MoE 8e"), "{text}");
+}
+
+/// Every block kind in awkward sizes (hidden 72, 7 experts, a shared expert) and an MTP
+/// head: `info` says what each layer is and that the head is not layer 0.
+#[test]
+fn info_reports_shared_experts_and_the_mtp_head() {
+    use cortiq_engine::tinymodel::{write_tiny, TinySpec};
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("hybrid.cmf");
+    write_tiny(
+        &f,
+        &TinySpec {
+            mtp: true,
+            ..TinySpec::hybrid()
+        },
+    )
+    .unwrap();
+    let v = json(&run!("info", f, "--json"));
+    let layers = v["layers"].as_array().unwrap();
+    let kinds: Vec<(String, String, bool)> = layers
+        .iter()
+        .map(|l| {
+            (
+                l["mixer"].as_str().unwrap().to_string(),
+                l["ffn"].as_str().unwrap().to_string(),
+                l["gated"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    let k = |m: &str, f: &str, g: bool| (m.to_string(), f.to_string(), g);
+    assert_eq!(
+        kinds,
+        [
+            k("linear_attention", "moe", false),
+            k("full_attention", "dense", true),
+            k("linear_attention", "dense", false),
+            k("full_attention", "moe", false),
+        ]
+    );
+    assert_eq!(layers[0]["experts"], 7);
+    assert_eq!(layers[0]["top_k"], 3);
+    assert_eq!(layers[0]["shared_expert"], true);
+    assert_eq!(layers[0]["shared_expert_width"], 56);
+    assert_eq!(layers[0]["shared_expert_gate"], true);
+    assert_eq!(layers[3]["shared_expert"], false);
+    assert_eq!(layers[1]["width"], 120);
+    let head = &v["mtp_head"];
+    assert_eq!(head["layers"], 1);
+    assert_eq!(head["declared_layers"], 1);
+    assert_eq!(head["blocks"][0]["ffn"], "dense");
+    assert_eq!(head["summary"], "MTP head: 1 layer (full·dense 144)");
+    // The head's tensors are its own: layer 0 counts only model.layers.0.*.
+    let l0 = raw_directory(&f)
+        .iter()
+        .filter(|t| t.0.starts_with("model.layers.0."))
+        .count();
+    assert_eq!(layers[0]["tensors"], l0 as u64);
+    let text = stdout(&run!("info", f));
+    for want in [
+        "mtp      MTP head: 1 layer (full·dense 144)",
+        "L0       linear·MoE 7e+shared",
+        "shared expert in 1",
+    ] {
+        assert!(text.contains(want), "info text lacks {want:?}:\n{text}");
+    }
+}

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use cortiq_engine::format::directory::layer_of;
+use cortiq_engine::format::layers::{self, LayerMap, MTP_PREFIX};
 use cortiq_engine::format::{feature, CmfFile, CmfModel, SectionKind, TensorEntry};
 use cortiq_views::overview::{self, DtypeRow, OverviewVm, Segment, ShardRow, TreeRow};
 use cortiq_views::util::{group_digits, human_bytes};
@@ -68,6 +69,9 @@ pub struct OverviewState {
     warnings: Vec<String>,
     dtypes: Vec<DtypeRow>,
     per_layer: Vec<(String, u64)>,
+    /// The layers' kinds (over the merged set), summarised and per run of equal layers.
+    layer_summary: Vec<String>,
+    layer_kinds: Vec<(String, String)>,
     tokenizer: Vec<(String, String)>,
     extra: Vec<(String, String)>,
 }
@@ -113,6 +117,7 @@ impl OverviewState {
         let mut expanded = HashSet::new();
         expanded.insert("arch".to_string());
         let tensors = || model.tensors().map(|(_, e)| e);
+        let map = layers::classify(tensors(), file.header.arch.as_ref());
         let mut s = OverviewState {
             expanded,
             rows: Vec::new(),
@@ -127,6 +132,11 @@ impl OverviewState {
             warnings: warnings(model),
             dtypes: dtypes(tensors()),
             per_layer: per_layer(tensors()),
+            layer_summary: layer_summary(&map),
+            layer_kinds: layers::runs(&map.layers)
+                .into_iter()
+                .map(|r| (r.name(), r.label))
+                .collect(),
             tokenizer: tokenizer(file),
             extra: extra(model),
         };
@@ -309,6 +319,8 @@ impl OverviewState {
             shards: &self.shards,
             dtypes: &self.dtypes,
             per_layer: &self.per_layer,
+            layer_summary: &self.layer_summary,
+            layer_kinds: &self.layer_kinds,
             tokenizer: &self.tokenizer,
             extra: &self.extra,
             warnings: &self.warnings,
@@ -466,9 +478,34 @@ fn dtypes<'a>(tensors: impl Iterator<Item = &'a TensorEntry>) -> Vec<DtypeRow> {
     m.into_values().collect()
 }
 
+/// The summary line, the MTP head's, and where `arch.layer_types` contradicts the tensors.
+fn layer_summary(map: &LayerMap) -> Vec<String> {
+    let mut v = vec![map
+        .summary()
+        .unwrap_or_else(|| "no decoder layers (model.layers.N.*) in the directory".into())];
+    v.extend(map.mtp_summary());
+    let odd: Vec<String> = map
+        .layers
+        .iter()
+        .filter(|l| l.contradicts_declared())
+        .map(|l| format!("L{}", l.index))
+        .collect();
+    if !odd.is_empty() {
+        v.push(format!(
+            "arch.layer_types disagrees with the tensors on {}",
+            odd.join(", ")
+        ));
+    }
+    v
+}
+
 fn per_layer<'a>(tensors: impl Iterator<Item = &'a TensorEntry>) -> Vec<(String, u64)> {
     let mut m: BTreeMap<u64, u64> = BTreeMap::new();
     for t in tensors {
+        // `model.mtp.layers.0.*` is the MTP head's, not decoder layer 0's.
+        if t.name.starts_with(MTP_PREFIX) {
+            continue;
+        }
         if let Some(l) = layer_of(&t.name) {
             *m.entry(l).or_default() += t.nbytes;
         }
@@ -598,4 +635,139 @@ fn extra(model: &CmfModel) -> Vec<(String, String)> {
         ));
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::Harness;
+    use super::super::Screen;
+    use super::OverviewState;
+
+    /// The screen without its first line (the tab bar belongs to the app, not this view).
+    fn body(screen: &str) -> String {
+        screen.lines().skip(1).collect::<Vec<_>>().join("\n")
+    }
+
+    fn state(h: &Harness) -> &OverviewState {
+        match &h.app.screen {
+            Screen::Model(m) => &m.overview,
+            _ => panic!("no model open"),
+        }
+    }
+
+    #[test]
+    fn a_hybrid_shows_each_layers_mixer_and_feed_forward() {
+        let mut h = Harness::fixture("qwen3_5-q8.cmf");
+        let screen = h.render();
+        insta::assert_snapshot!("overview_qwen3_5_hybrid", body(&screen));
+        // 3 Gated DeltaNet layers, then one full-attention layer whose q_proj carries
+        // the output gate (128 rows = 2 · 4 heads · 16).
+        assert!(
+            screen.contains("hybrid: 3 linear-attention + 1 full-attention layers (output"),
+            "{screen}"
+        );
+        assert!(screen.contains("4 dense layers (width 128)"), "{screen}");
+        assert!(
+            screen.contains("L0–2 linear·dense 128  L3 full(gated)·dense 128"),
+            "{screen}"
+        );
+        assert!(!screen.contains("MTP head"), "{screen}");
+        assert_eq!(state(&h).layer_kinds.len(), 2);
+    }
+
+    #[test]
+    fn a_moe_model_shows_its_experts_per_layer() {
+        let mut h = Harness::fixture("qwen3_moe-q8.cmf");
+        let screen = h.render();
+        insta::assert_snapshot!("overview_qwen3_moe", body(&screen));
+        assert!(
+            screen.contains("4 full-attention layers; 4 MoE layers of 8 experts (top-2)"),
+            "{screen}"
+        );
+        assert!(screen.contains("L0–3 full·MoE 8e"), "{screen}");
+        // The synthetic demo: MoE on odd layers only.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("demo.cmf");
+        cortiq_engine::synth::write_demo(&p).unwrap();
+        let mut h = Harness::open(&p);
+        h.height = 50;
+        let screen = h.render();
+        assert!(
+            screen.contains("3 MoE layers of 8 experts (top-2) + 3 dense"),
+            "{screen}"
+        );
+        for want in ["L0 full·dense 256", "L1 full·MoE 8e", "L5 full·MoE 8e"] {
+            assert!(screen.contains(want), "{want}\n{screen}");
+        }
+        assert!(!screen.contains("+3 more"), "all kinds fit: {screen}");
+    }
+
+    #[test]
+    fn every_block_kind_and_the_mtp_head_in_awkward_sizes() {
+        use cortiq_engine::tinymodel::{write_tiny, TinySpec};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hybrid.cmf");
+        write_tiny(
+            &path,
+            &TinySpec {
+                mtp: true,
+                ..TinySpec::hybrid()
+            },
+        )
+        .unwrap();
+        let mut h = Harness::open(&path);
+        h.height = 44;
+        let screen = h.render();
+        for want in [
+            "hybrid: 2 linear-attention + 2 full-attention layers (output gate on",
+            "2 MoE layers of 7 experts (top-3, shared expert in 1) + 2 dense",
+            "MTP head: 1 layer (full·dense 144)",
+            "L0 linear·MoE 7e+shared",
+            "L1 full(gated)·dense 120",
+            "L2 linear·dense 96",
+            "L3 full·MoE 7e",
+        ] {
+            assert!(screen.contains(want), "{want}\n{screen}");
+        }
+        // The head's `model.mtp.layers.0.*` counts for no decoder layer.
+        let s = state(&h);
+        let m = match &h.app.screen {
+            Screen::Model(m) => m.model.clone(),
+            _ => unreachable!(),
+        };
+        let layer0: u64 = m
+            .tensors()
+            .filter(|(_, e)| e.name.starts_with("model.layers.0."))
+            .map(|(_, e)| e.nbytes)
+            .sum();
+        let labels: Vec<&str> = s.per_layer.iter().map(|(l, _)| l.as_str()).collect();
+        assert_eq!(labels, ["L0", "L1", "L2", "L3"]);
+        assert_eq!(s.per_layer[0].1, layer0);
+    }
+
+    #[test]
+    fn narrow_terminals_cut_the_layers_panel_gracefully() {
+        let mut h = Harness::fixture("qwen3_5-q8.cmf");
+        for (w, ht) in [(100, 30), (80, 24), (60, 20), (40, 14)] {
+            h.width = w;
+            h.height = ht;
+            let screen = h.render();
+            for line in screen.lines() {
+                assert!(line.chars().count() <= w as usize, "{w}: {line}");
+            }
+            if ht >= 24 {
+                let summary = screen
+                    .lines()
+                    .find(|l| l.contains("hybrid: "))
+                    .unwrap_or_else(|| panic!("{w}×{ht}: the summary\n{screen}"));
+                assert!(summary.contains("hybrid: 3 linear-attention"), "{summary}");
+            }
+        }
+        // 80×24: the summary is cut with an ellipsis inside the panel.
+        h.width = 80;
+        h.height = 24;
+        let screen = h.render();
+        let summary = screen.lines().find(|l| l.contains("hybrid: ")).unwrap();
+        assert!(summary.ends_with("…│"), "{screen}");
+    }
 }

@@ -10,6 +10,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+use cortiq_engine::format::layers::{self, MTP_PREFIX};
 use cortiq_engine::format::{CmfFile, CmfModel, TensorEntry};
 use cortiq_engine::stats::{tensor_stats, StatsError, TensorStats, OUTLIER_SIGMAS};
 use cortiq_views::tensors::{
@@ -270,6 +271,8 @@ fn align_score(term: &[char], text: &[char], prev: &mut Vec<i32>, cur: &mut Vec<
 enum RowRef {
     /// Index into `groups`.
     Group(u32),
+    /// Index into `bank_rows`: one layer's experts, folded.
+    Bank(u32),
     /// Index into the merged directory (`CmfModel::tensor_at`).
     Tensor(u32),
 }
@@ -277,15 +280,54 @@ enum RowRef {
 /// What identifies a row across rebuilds (group indices change, layers do not).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum RowKey {
-    Group(Option<u64>),
+    Group(GroupKey),
+    /// Index into `banks`.
+    Bank(u32),
     Tensor(u32),
 }
 
+/// The group of a tensor when grouping: in this order, tensors outside layers, the
+/// decoder layers, the MTP head (whose `model.mtp.layers.0.*` is not layer 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum GroupKey {
+    Outside,
+    Layer(u64),
+    Mtp,
+}
+
+impl GroupKey {
+    fn of(name: &str) -> GroupKey {
+        if name.starts_with(MTP_PREFIX) {
+            GroupKey::Mtp
+        } else {
+            cortiq_engine::format::directory::layer_of(name)
+                .map_or(GroupKey::Outside, GroupKey::Layer)
+        }
+    }
+}
+
 struct GroupInfo {
-    layer: Option<u64>,
+    key: GroupKey,
     /// Tensors of the layer that pass the filter.
     count: usize,
     bytes: u64,
+}
+
+/// A layer's expert tensors (`…mlp.experts.*`): one collapsible row inside its layer's
+/// group, so 3·N expert tensors do not bury the layer's other tensors.
+struct Bank {
+    /// `model.layers.1.mlp.experts.`
+    prefix: String,
+}
+
+/// A bank's row as the filter leaves it.
+struct BankRow {
+    bank: u32,
+    count: usize,
+    experts: usize,
+    bytes: u64,
+    /// Names of the dtypes among its tensors, in id order.
+    dtypes: Vec<&'static str>,
 }
 
 pub struct TensorsState {
@@ -293,7 +335,14 @@ pub struct TensorsState {
     model: Arc<CmfModel>,
     /// Lowercase names, computed once for the filter.
     lower: Vec<Box<str>>,
-    layers: Vec<Option<u64>>,
+    /// Each tensor's group.
+    keys: Vec<GroupKey>,
+    /// Each expert tensor's bank and expert number.
+    expert_of: Vec<Option<(u32, u32)>>,
+    banks: Vec<Bank>,
+    /// Kind of each decoder layer (`linear·MoE 8e`) and of the MTP head's blocks.
+    kinds: HashMap<u64, String>,
+    mtp_kind: Option<String>,
     /// Position of each tensor in the natural layer order (the default and the tie-break).
     layer_rank: Vec<u32>,
     /// Position in natural name order, computed when first sorted by name.
@@ -310,8 +359,13 @@ pub struct TensorsState {
     sort: SortKey,
     reversed: bool,
     grouped: bool,
-    collapsed: HashSet<Option<u64>>,
+    collapsed: HashSet<GroupKey>,
     groups: Vec<GroupInfo>,
+    /// Banks opened without a filter, and banks closed with one: without a filter a
+    /// bank starts folded, with one it starts open (the matches are what is wanted).
+    banks_open: HashSet<u32>,
+    banks_shut: HashSet<u32>,
+    bank_rows: Vec<BankRow>,
     rows: Vec<RowRef>,
     selected: usize,
     offset: usize,
@@ -336,12 +390,25 @@ impl TensorsState {
             .iter()
             .map(|e| e.name.to_lowercase().into_boxed_str())
             .collect();
-        let layers: Vec<Option<u64>> = entries.iter().map(|e| e.layer()).collect();
+        let keys: Vec<GroupKey> = entries.iter().map(|e| GroupKey::of(&e.name)).collect();
+        let (expert_of, banks) = expert_banks(&entries);
+        let map = layers::classify(
+            entries.iter().copied(),
+            model.primary().header.arch.as_ref(),
+        );
+        let kinds = map.layers.iter().map(|l| (l.index, l.label())).collect();
+        let mtp_kind = map.mtp.as_ref().and_then(|m| {
+            let labels: Vec<String> = layers::runs(&m.layers)
+                .into_iter()
+                .map(|r| r.label)
+                .collect();
+            (!labels.is_empty()).then(|| labels.join(", "))
+        });
         let mut order: Vec<u32> = (0..entries.len() as u32).collect();
         order.sort_unstable_by(|&a, &b| {
             let (ea, eb) = (entries[a as usize], entries[b as usize]);
-            layers[a as usize]
-                .cmp(&layers[b as usize])
+            keys[a as usize]
+                .cmp(&keys[b as usize])
                 .then_with(|| natural_cmp(&ea.name, &eb.name))
                 .then_with(|| a.cmp(&b))
         });
@@ -352,7 +419,11 @@ impl TensorsState {
             model: Arc::clone(model),
             matched_for: String::new(),
             lower,
-            layers,
+            keys,
+            expert_of,
+            banks,
+            kinds,
+            mtp_kind,
             layer_rank,
             name_rank: None,
             filter: String::new(),
@@ -362,6 +433,9 @@ impl TensorsState {
             grouped: false,
             collapsed: HashSet::new(),
             groups: Vec::new(),
+            banks_open: HashSet::new(),
+            banks_shut: HashSet::new(),
+            bank_rows: Vec::new(),
             rows: Vec::new(),
             selected: 0,
             offset: 0,
@@ -396,7 +470,14 @@ impl TensorsState {
     fn key_of(&self, r: RowRef) -> RowKey {
         match r {
             RowRef::Tensor(i) => RowKey::Tensor(i),
-            RowRef::Group(g) => RowKey::Group(self.groups.get(g as usize).and_then(|g| g.layer)),
+            RowRef::Group(g) => RowKey::Group(
+                self.groups
+                    .get(g as usize)
+                    .map_or(GroupKey::Outside, |g| g.key),
+            ),
+            RowRef::Bank(b) => {
+                RowKey::Bank(self.bank_rows.get(b as usize).map_or(u32::MAX, |b| b.bank))
+            }
         }
     }
 
@@ -418,30 +499,30 @@ impl TensorsState {
         self.sort_order(&model, &entries, &mut order);
 
         self.groups.clear();
+        self.bank_rows.clear();
         self.rows.clear();
         self.rows.reserve(order.len());
         if self.grouped {
             // Stable: the chosen order holds inside each layer; layers in numeric order,
-            // tensors outside layers first.
-            order.sort_by_key(|&(i, _)| self.layers[i as usize]);
+            // tensors outside layers first, the MTP head last.
+            order.sort_by_key(|&(i, _)| self.keys[i as usize]);
             let mut k = 0;
             while k < order.len() {
-                let layer = self.layers[order[k].0 as usize];
+                let key = self.keys[order[k].0 as usize];
                 let start = k;
                 let mut bytes = 0u64;
-                while k < order.len() && self.layers[order[k].0 as usize] == layer {
+                while k < order.len() && self.keys[order[k].0 as usize] == key {
                     bytes = bytes.saturating_add(entries[order[k].0 as usize].nbytes);
                     k += 1;
                 }
                 self.rows.push(RowRef::Group(self.groups.len() as u32));
                 self.groups.push(GroupInfo {
-                    layer,
+                    key,
                     count: k - start,
                     bytes,
                 });
-                if !self.collapsed.contains(&layer) {
-                    self.rows
-                        .extend(order[start..k].iter().map(|&(i, _)| RowRef::Tensor(i)));
+                if !self.collapsed.contains(&key) {
+                    self.push_group(&entries, &order[start..k]);
                 }
             }
         } else {
@@ -459,12 +540,29 @@ impl TensorsState {
                     .iter()
                     .position(|&r| self.key_of(r) == k)
                     .or_else(|| match k {
-                        // Hidden in a collapsed group: select the group.
+                        // Hidden in a folded bank or a collapsed group: select that.
                         RowKey::Tensor(i) => {
-                            let layer = self.layers.get(i as usize).copied()?;
+                            let bank = self.expert_of.get(i as usize).copied().flatten();
+                            let key = self.keys.get(i as usize).copied()?;
+                            bank.and_then(|(b, _)| {
+                                self.rows
+                                    .iter()
+                                    .position(|&r| self.key_of(r) == RowKey::Bank(b))
+                            })
+                            .or_else(|| {
+                                self.rows
+                                    .iter()
+                                    .position(|&r| self.key_of(r) == RowKey::Group(key))
+                            })
+                        }
+                        RowKey::Bank(b) => {
+                            let key = self
+                                .banks
+                                .get(b as usize)
+                                .map(|bk| GroupKey::of(&bk.prefix))?;
                             self.rows
                                 .iter()
-                                .position(|&r| self.key_of(r) == RowKey::Group(layer))
+                                .position(|&r| self.key_of(r) == RowKey::Group(key))
                         }
                         RowKey::Group(_) => None,
                     })
@@ -473,6 +571,103 @@ impl TensorsState {
         self.selected = found.unwrap_or(self.selected.min(self.rows.len().saturating_sub(1)));
         if to_top {
             self.offset = 0;
+        }
+    }
+
+    /// The rows of one expanded group (`members` in the chosen order): each bank of
+    /// experts becomes one row where its first member would be, followed by its members
+    /// when it is open; the other tensors stay in place.
+    fn push_group(&mut self, entries: &[&TensorEntry], members: &[(u32, i32)]) {
+        // Members of each bank, in order; banks in order of first appearance.
+        let mut of_bank: Vec<(u32, Vec<u32>)> = Vec::new();
+        let mut slot: HashMap<u32, usize> = HashMap::new();
+        for &(i, _) in members {
+            if let Some((b, _)) = self.expert_of[i as usize] {
+                let at = *slot.entry(b).or_insert_with(|| {
+                    of_bank.push((b, Vec::new()));
+                    of_bank.len() - 1
+                });
+                of_bank[at].1.push(i);
+            }
+        }
+        if of_bank.is_empty() {
+            self.rows
+                .extend(members.iter().map(|&(i, _)| RowRef::Tensor(i)));
+            return;
+        }
+        let filtering = !self.filter.trim().is_empty();
+        let mut emitted = vec![false; of_bank.len()];
+        for &(i, _) in members {
+            let Some((b, _)) = self.expert_of[i as usize] else {
+                self.rows.push(RowRef::Tensor(i));
+                continue;
+            };
+            let at = slot[&b];
+            if emitted[at] {
+                continue;
+            }
+            emitted[at] = true;
+            let tensors = &of_bank[at].1;
+            // A fused tensor (no expert number) holds every expert: it counts none.
+            let mut experts: Vec<u32> = tensors
+                .iter()
+                .filter_map(|&t| self.expert_of[t as usize].map(|(_, e)| e))
+                .filter(|&e| e != u32::MAX)
+                .collect();
+            experts.sort_unstable();
+            experts.dedup();
+            let mut dtypes: Vec<u8> = tensors
+                .iter()
+                .map(|&t| entries[t as usize].dtype.id())
+                .collect();
+            dtypes.sort_unstable();
+            dtypes.dedup();
+            self.rows.push(RowRef::Bank(self.bank_rows.len() as u32));
+            self.bank_rows.push(BankRow {
+                bank: b,
+                count: tensors.len(),
+                experts: experts.len(),
+                bytes: tensors
+                    .iter()
+                    .fold(0u64, |a, &t| a.saturating_add(entries[t as usize].nbytes)),
+                dtypes: dtypes
+                    .iter()
+                    .filter_map(|&id| {
+                        tensors
+                            .iter()
+                            .map(|&t| entries[t as usize].dtype)
+                            .find(|d| d.id() == id)
+                            .map(|d| d.name())
+                    })
+                    .collect(),
+            });
+            if self.bank_open(b, filtering) {
+                self.rows.extend(tensors.iter().map(|&t| RowRef::Tensor(t)));
+            }
+        }
+    }
+
+    fn bank_open(&self, bank: u32, filtering: bool) -> bool {
+        if filtering {
+            !self.banks_shut.contains(&bank)
+        } else {
+            self.banks_open.contains(&bank)
+        }
+    }
+
+    /// Opens (`Some(true)`), folds (`Some(false)`) or toggles (`None`) a bank.
+    fn set_bank(&mut self, bank: u32, open: Option<bool>) {
+        let filtering = !self.filter.trim().is_empty();
+        let open = open.unwrap_or(!self.bank_open(bank, filtering));
+        let (set, member) = if filtering {
+            (&mut self.banks_shut, !open)
+        } else {
+            (&mut self.banks_open, open)
+        };
+        if member {
+            set.insert(bank);
+        } else {
+            set.remove(&bank);
         }
     }
 
@@ -610,8 +805,19 @@ impl TensorsState {
                 self.rebuild(false);
             }
             Action::Enter | Action::Right | Action::Left => match row {
+                Some(RowRef::Bank(b)) => {
+                    if let Some(bank) = self.bank_rows.get(b as usize).map(|r| r.bank) {
+                        let open = match a {
+                            Action::Right => Some(true),
+                            Action::Left => Some(false),
+                            _ => None,
+                        };
+                        self.set_bank(bank, open);
+                        self.rebuild(false);
+                    }
+                }
                 Some(RowRef::Group(g)) => {
-                    let layer = self.groups.get(g as usize).map(|g| g.layer);
+                    let layer = self.groups.get(g as usize).map(|g| g.key);
                     if let Some(layer) = layer {
                         let collapse = match a {
                             Action::Right => false,
@@ -748,6 +954,11 @@ impl TensorsState {
             "c cancel · Enter close · / filter · s sort"
         } else if self.detail {
             "Enter/Esc close · ↑↓ next tensor · / filter · s sort"
+        } else if matches!(
+            self.rows.get(self.selected),
+            Some(RowRef::Group(_) | RowRef::Bank(_))
+        ) {
+            "Enter folds/unfolds · / filter · s/S sort · g group"
         } else {
             "/ filter · s/S sort · g group · Enter details"
         };
@@ -833,10 +1044,28 @@ impl TensorsState {
         match r {
             RowRef::Group(g) => {
                 let (label, collapsed) = match self.groups.get(g as usize) {
-                    Some(g) => (group_label(g), self.collapsed.contains(&g.layer)),
+                    Some(g) => (self.group_label(g), self.collapsed.contains(&g.key)),
                     None => (String::new(), false),
                 };
-                RowVm::Group { label, collapsed }
+                RowVm::Group {
+                    label,
+                    collapsed,
+                    depth: 0,
+                }
+            }
+            RowRef::Bank(b) => {
+                let (label, collapsed) = match self.bank_rows.get(b as usize) {
+                    Some(r) => (
+                        self.bank_label(r),
+                        !self.bank_open(r.bank, !self.filter.trim().is_empty()),
+                    ),
+                    None => (String::new(), false),
+                };
+                RowVm::Group {
+                    label,
+                    collapsed,
+                    depth: 1,
+                }
             }
             RowRef::Tensor(i) => match self.entry(i as usize) {
                 Some((s, e)) => RowVm::Tensor {
@@ -859,16 +1088,40 @@ impl TensorsState {
                 },
                 None => message_panel(" details ", "no tensor selected"),
             },
-            Some(&RowRef::Group(g)) => match self.groups.get(g as usize) {
-                Some(gi) => DetailVm {
-                    title: format!(" {} ", group_name(gi.layer)),
+            Some(&RowRef::Bank(b)) => match self.bank_rows.get(b as usize) {
+                Some(r) => DetailVm {
+                    title: format!(" {}* ", esc(&self.banks[r.bank as usize].prefix)),
                     facts: vec![
-                        ("tensors".into(), group_digits(gi.count as u64)),
+                        ("tensors".into(), group_digits(r.count as u64)),
+                        ("experts".into(), group_digits(r.experts as u64)),
                         (
                             "bytes".into(),
-                            format!("{} ({} B)", human_bytes(gi.bytes), group_digits(gi.bytes)),
+                            format!("{} ({} B)", human_bytes(r.bytes), group_digits(r.bytes)),
                         ),
+                        ("dtypes".into(), r.dtypes.join(", ")),
                     ],
+                    stats: StatsVm::Message {
+                        text: "a layer's experts: Enter expands or folds them; select a tensor for its statistics".into(),
+                        bad: false,
+                    },
+                },
+                None => message_panel(" details ", "no tensor selected"),
+            },
+            Some(&RowRef::Group(g)) => match self.groups.get(g as usize) {
+                Some(gi) => DetailVm {
+                    title: format!(" {} ", group_name(gi.key)),
+                    facts: {
+                        let mut v = Vec::new();
+                        if let Some(k) = self.kind_of(gi.key) {
+                            v.push(("kind".into(), k.to_string()));
+                        }
+                        v.push(("tensors".into(), group_digits(gi.count as u64)));
+                        v.push((
+                            "bytes".into(),
+                            format!("{} ({} B)", human_bytes(gi.bytes), group_digits(gi.bytes)),
+                        ));
+                        v
+                    },
                     stats: StatsVm::Message {
                         text: "a layer: Enter collapses or expands it; select a tensor for its statistics".into(),
                         bad: false,
@@ -910,9 +1163,17 @@ impl TensorsState {
             ("hash".into(), format!("{:016x}", e.hash)),
             (
                 "layer".into(),
-                e.layer()
-                    .map(|l| l.to_string())
-                    .unwrap_or_else(|| "—".into()),
+                match GroupKey::of(&e.name) {
+                    GroupKey::Layer(l) => match self.kinds.get(&l) {
+                        Some(k) => format!("{l} · {k}"),
+                        None => l.to_string(),
+                    },
+                    GroupKey::Mtp => match e.layer() {
+                        Some(b) => format!("MTP head · block {b}"),
+                        None => "MTP head".into(),
+                    },
+                    GroupKey::Outside => "—".into(),
+                },
             ),
         ];
         if self.sharded() {
@@ -1082,21 +1343,89 @@ fn fmt_value(x: f64) -> String {
     }
 }
 
-fn group_name(layer: Option<u64>) -> String {
-    match layer {
-        Some(l) => format!("layer {l}"),
-        None => "outside layers".into(),
+fn group_name(key: GroupKey) -> String {
+    match key {
+        GroupKey::Layer(l) => format!("layer {l}"),
+        GroupKey::Outside => "outside layers".into(),
+        GroupKey::Mtp => "MTP head".into(),
     }
 }
 
-fn group_label(g: &GroupInfo) -> String {
+fn plural(n: usize, one: &str, many: &str) -> String {
     format!(
-        "{} · {} tensor{} · {}",
-        group_name(g.layer),
-        group_digits(g.count as u64),
-        if g.count == 1 { "" } else { "s" },
-        human_bytes(g.bytes)
+        "{} {}",
+        group_digits(n as u64),
+        if n == 1 { one } else { many }
     )
+}
+
+impl TensorsState {
+    /// What the group's layer is made of (`linear·MoE 8e`).
+    fn kind_of(&self, key: GroupKey) -> Option<&str> {
+        match key {
+            GroupKey::Layer(l) => self.kinds.get(&l).map(String::as_str),
+            GroupKey::Mtp => self.mtp_kind.as_deref(),
+            GroupKey::Outside => None,
+        }
+    }
+
+    /// `layer 1 · full·MoE 8e · 29 tensors · 60.0 KiB`.
+    fn group_label(&self, g: &GroupInfo) -> String {
+        let mut s = group_name(g.key);
+        if let Some(k) = self.kind_of(g.key) {
+            s.push_str(" · ");
+            s.push_str(k);
+        }
+        format!(
+            "{s} · {} · {}",
+            plural(g.count, "tensor", "tensors"),
+            human_bytes(g.bytes)
+        )
+    }
+
+    /// `model.layers.1.mlp.experts.* — 24 tensors, 8 experts, 48.0 KiB, q8_row`.
+    fn bank_label(&self, r: &BankRow) -> String {
+        format!(
+            "{}* — {}, {}, {}, {}",
+            esc(&self.banks[r.bank as usize].prefix),
+            plural(r.count, "tensor", "tensors"),
+            if r.experts == 0 {
+                "fused".to_string()
+            } else {
+                plural(r.experts, "expert", "experts")
+            },
+            human_bytes(r.bytes),
+            r.dtypes.join(" ")
+        )
+    }
+}
+
+/// Each tensor's bank of experts and expert number (`…mlp.experts.{e}.…`), and the banks.
+fn expert_banks(entries: &[&TensorEntry]) -> (Vec<Option<(u32, u32)>>, Vec<Bank>) {
+    const MARK: &str = ".mlp.experts.";
+    let mut banks: Vec<Bank> = Vec::new();
+    let mut by_prefix: HashMap<&str, u32> = HashMap::new();
+    let of = entries
+        .iter()
+        .map(|e| {
+            let at = e.name.find(MARK)? + MARK.len();
+            let (prefix, rest) = e.name.split_at(at);
+            // A fused bank (`experts.gate_up_proj`) is one tensor of every expert.
+            let expert = rest
+                .split('.')
+                .next()
+                .and_then(|d| d.parse::<u32>().ok())
+                .unwrap_or(u32::MAX);
+            let b = *by_prefix.entry(prefix).or_insert_with(|| {
+                banks.push(Bank {
+                    prefix: prefix.to_string(),
+                });
+                banks.len() as u32 - 1
+            });
+            Some((b, expert))
+        })
+        .collect();
+    (of, banks)
 }
 
 /// The name of a shard's file, as the detail panel shows it.
@@ -1255,18 +1584,46 @@ mod tests {
             .iter()
             .filter_map(|r| match r {
                 RowRef::Tensor(i) => s.model.tensor_at(*i as usize),
-                RowRef::Group(_) => None,
+                RowRef::Group(_) | RowRef::Bank(_) => None,
             })
             .collect()
     }
 
-    fn group_layers(app: &App) -> Vec<Option<u64>> {
+    fn group_keys(app: &App) -> Vec<GroupKey> {
         let s = state(app);
         s.rows
             .iter()
             .filter_map(|r| match r {
-                RowRef::Group(g) => Some(s.groups[*g as usize].layer),
-                RowRef::Tensor(_) => None,
+                RowRef::Group(g) => Some(s.groups[*g as usize].key),
+                RowRef::Tensor(_) | RowRef::Bank(_) => None,
+            })
+            .collect()
+    }
+
+    /// Labels of the expert banks' rows, in display order.
+    fn bank_labels(app: &App) -> Vec<String> {
+        let s = state(app);
+        s.rows
+            .iter()
+            .filter_map(|r| match r {
+                RowRef::Bank(b) => Some(s.bank_label(&s.bank_rows[*b as usize])),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn names_at(app: &App, i: usize) -> String {
+        model(app).tensor_at(i).unwrap().1.name.clone()
+    }
+
+    /// The decoder layer of each group (`None` outside layers); no MTP head expected.
+    fn group_layers(app: &App) -> Vec<Option<u64>> {
+        group_keys(app)
+            .into_iter()
+            .map(|k| match k {
+                GroupKey::Layer(l) => Some(l),
+                GroupKey::Outside => None,
+                GroupKey::Mtp => panic!("an MTP group"),
             })
             .collect()
     }
@@ -1524,15 +1881,28 @@ mod tests {
             group_layers(&h.app),
             vec![None, Some(0), Some(1), Some(2), Some(3)]
         );
-        assert_eq!(names(&h.app).len(), 135);
+        // Each layer's 24 expert tensors fold into one row beside the layer's kind.
+        assert_eq!(names(&h.app).len(), 135 - 4 * 24);
+        assert_eq!(bank_labels(&h.app).len(), 4);
+        let screen = h.render();
+        assert!(
+            screen.contains("▾ layer 2 · full·MoE 8e · 33 tensors · 63.7 KiB"),
+            "{screen}"
+        );
+        assert!(
+            screen.contains(
+                "  ▸ model.layers.0.mlp.experts.* — 24 tensors, 8 experts, 50.0 KiB, q8_row"
+            ),
+            "{screen}"
+        );
         // Enter on a header collapses the layer; the cursor stays on it.
         h.act(Action::Down); // first tensor outside layers
         h.act(Action::Home);
         h.act(Action::Enter);
-        assert_eq!(names(&h.app).len(), 132);
+        assert_eq!(names(&h.app).len(), 36);
         assert!(h.render().contains("▸ outside layers · 3 tensors"));
         h.act(Action::Right);
-        assert_eq!(names(&h.app).len(), 135);
+        assert_eq!(names(&h.app).len(), 39);
         // Grouping keeps the chosen order inside each layer.
         h.acts(std::iter::repeat_n(Action::SortNext, 4)); // bytes
         let es = entries_in_order(&h.app);
@@ -1544,6 +1914,290 @@ mod tests {
         );
         h.act(Action::Group);
         assert!(group_layers(&h.app).is_empty());
+        assert!(bank_labels(&h.app).is_empty());
+        assert_eq!(names(&h.app).len(), 135);
+    }
+
+    #[test]
+    fn a_layers_experts_expand_fold_and_follow_the_filter() {
+        let mut h = moe();
+        h.act(Action::Group);
+        let bank_row = |h: &Harness, layer: u64| {
+            let s = state(&h.app);
+            s.rows
+                .iter()
+                .position(|r| match r {
+                    RowRef::Bank(b) => {
+                        s.banks[s.bank_rows[*b as usize].bank as usize].prefix
+                            == format!("model.layers.{layer}.mlp.experts.")
+                    }
+                    _ => false,
+                })
+                .expect("the bank row")
+        };
+        // Enter on layer 1's bank opens it: its 24 tensors right below, in layer order.
+        let at = bank_row(&h, 1);
+        h.act(Action::Home)
+            .acts(std::iter::repeat_n(Action::Down, at));
+        let (_, hint) = state(&h.app).status(file(&h.app));
+        assert!(hint.contains("Enter folds/unfolds"), "{hint}");
+        h.act(Action::Enter);
+        assert_eq!(names(&h.app).len(), 39 + 24);
+        let s = state(&h.app);
+        let below: Vec<String> = s.rows[at + 1..at + 25]
+            .iter()
+            .map(|r| match r {
+                RowRef::Tensor(i) => s.model.tensor_at(*i as usize).unwrap().1.name.clone(),
+                _ => panic!("a tensor row"),
+            })
+            .collect();
+        assert_eq!(below[0], "model.layers.1.mlp.experts.0.down_proj.weight");
+        assert_eq!(below[23], "model.layers.1.mlp.experts.7.up_proj.weight");
+        assert!(matches!(s.rows[at + 25], RowRef::Tensor(_)));
+        // The panel says what the bank holds.
+        h.act(Action::Enter).act(Action::Left);
+        assert_eq!(names(&h.app).len(), 39);
+        h.act(Action::Right);
+        assert_eq!(names(&h.app).len(), 63);
+        // A tensor inside, then folding from a neighbour: the cursor lands on the bank.
+        h.act(Action::Down);
+        assert_eq!(
+            state(&h.app).selected_tensor().map(|i| names_at(&h.app, i)),
+            Some("model.layers.1.mlp.experts.0.down_proj.weight".into())
+        );
+        h.act(Action::Up).act(Action::Left);
+        assert_eq!(state(&h.app).selected, at);
+        // The detail panel of a bank: its facts, no statistics.
+        let screen = {
+            let st = state(&h.app);
+            let d = st.detail_vm();
+            assert_eq!(d.title, " model.layers.1.mlp.experts.* ");
+            d.facts
+        };
+        assert!(
+            screen.contains(&("experts".into(), "8".into())),
+            "{screen:?}"
+        );
+        assert!(
+            screen.contains(&("dtypes".into(), "q8_row".into())),
+            "{screen:?}"
+        );
+        h.act(Action::Right);
+        assert_eq!(names(&h.app).len(), 63);
+        // With a filter, banks start open (the matches are the point) and fold on Enter.
+        h.act(Action::Filter)
+            .type_text("experts.7")
+            .act(Action::Enter);
+        assert_eq!(names(&h.app).len(), 12);
+        assert!(
+            bank_labels(&h.app)
+                .iter()
+                .all(|l| l.contains("— 3 tensors, 1 expert, ")),
+            "{:?}",
+            bank_labels(&h.app)
+        );
+        let at = bank_row(&h, 2);
+        h.act(Action::Home)
+            .acts(std::iter::repeat_n(Action::Down, at));
+        h.act(Action::Enter);
+        assert_eq!(names(&h.app).len(), 9);
+        // Clearing the filter brings back the unfiltered choices: only layer 1 open.
+        h.act(Action::Back);
+        assert_eq!(names(&h.app).len(), 63);
+        h.act(Action::Filter)
+            .type_text("experts.7")
+            .act(Action::Enter);
+        assert_eq!(names(&h.app).len(), 9);
+        // Sorting keeps each bank together, its members in the chosen order.
+        h.act(Action::Back);
+        h.acts(std::iter::repeat_n(Action::SortNext, 4)); // bytes
+        let s = state(&h.app);
+        let at = bank_row(&h, 1);
+        let members: Vec<&TensorEntry> = s.rows[at + 1..at + 25]
+            .iter()
+            .map(|r| match r {
+                RowRef::Tensor(i) => s.model.tensor_at(*i as usize).unwrap().1,
+                _ => panic!("a tensor row"),
+            })
+            .collect();
+        assert!(members.iter().all(|e| e.name.contains(".experts.")));
+        assert!(members.windows(2).all(|w| w[0].nbytes >= w[1].nbytes));
+    }
+
+    /// The screen without its first line (the tab bar belongs to the app, not this view).
+    fn body(screen: &str) -> String {
+        screen.lines().skip(1).collect::<Vec<_>>().join("\n")
+    }
+
+    #[test]
+    fn grouped_hybrid_and_moe_files_show_layer_kinds_and_expert_banks() {
+        // Qwen3.5: three Gated DeltaNet layers and a gated full-attention layer; no experts.
+        let mut h = Harness::fixture("qwen3_5-q8.cmf");
+        h.height = 64;
+        h.act(Action::GoTab(1)).act(Action::Group);
+        let screen = h.render();
+        insta::assert_snapshot!("tensors_grouped_qwen3_5", body(&screen));
+        for want in [
+            "▾ layer 0 · linear·dense 128 · 14 tensors",
+            "▾ layer 2 · linear·dense 128 · 14 tensors",
+            "▾ layer 3 · full(gated)·dense 128 · 11 tensors",
+        ] {
+            assert!(screen.contains(want), "{want}\n{screen}");
+        }
+        assert!(bank_labels(&h.app).is_empty());
+        assert_eq!(names(&h.app).len(), 56);
+
+        // Qwen3-MoE: layer 2's bank opened, the others folded.
+        let mut h = Harness::fixture("qwen3_moe-q8.cmf");
+        h.height = 48;
+        h.act(Action::GoTab(1)).act(Action::Group);
+        let at = {
+            let s = state(&h.app);
+            s.rows
+                .iter()
+                .filter(|r| matches!(r, RowRef::Bank(_)))
+                .nth(2)
+                .and_then(|b| s.rows.iter().position(|r| r == b))
+                .unwrap()
+        };
+        h.act(Action::Home)
+            .acts(std::iter::repeat_n(Action::Down, at))
+            .act(Action::Enter);
+        let screen = h.render();
+        insta::assert_snapshot!("tensors_grouped_qwen3_moe_bank_open", body(&screen));
+        assert!(
+            screen.contains(
+                "▾ model.layers.2.mlp.experts.* — 24 tensors, 8 experts, 50.0 KiB, q8_row"
+            ),
+            "{screen}"
+        );
+        assert!(
+            screen.contains("▸ model.layers.1.mlp.experts.* — 24 tensors"),
+            "{screen}"
+        );
+        assert_eq!(bank_labels(&h.app).len(), 4);
+        assert_eq!(names(&h.app).len(), 135 - 3 * 24);
+    }
+
+    #[test]
+    fn a_fused_expert_bank_folds_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_synthetic(
+            dir.path(),
+            vec![
+                (
+                    "model.layers.0.mlp.gate.weight".into(),
+                    DType::F16,
+                    vec![5, 9],
+                ),
+                (
+                    "model.layers.0.mlp.experts.gate_up_proj".into(),
+                    DType::F16,
+                    vec![5, 6, 9],
+                ),
+                (
+                    "model.layers.0.mlp.experts.down_proj".into(),
+                    DType::F16,
+                    vec![5, 9, 3],
+                ),
+            ],
+            |_, p| vec![0; 2 * p.shape.iter().product::<u64>() as usize],
+        );
+        let mut h = Harness::open(&path);
+        h.act(Action::GoTab(1)).act(Action::Group);
+        assert_eq!(
+            bank_labels(&h.app),
+            ["model.layers.0.mlp.experts.* — 2 tensors, fused, 810 B, f16"]
+        );
+        let screen = h.render();
+        assert!(
+            screen.contains("▾ layer 0 · no mixer·MoE 5e · 3 tensors"),
+            "{screen}"
+        );
+        assert_eq!(names(&h.app), ["model.layers.0.mlp.gate.weight"]);
+    }
+
+    #[test]
+    fn hybrid_layers_and_the_mtp_head_group_by_kind() {
+        use cortiq_engine::tinymodel::{write_tiny, TinySpec};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hybrid.cmf");
+        write_tiny(
+            &path,
+            &TinySpec {
+                mtp: true,
+                ..TinySpec::hybrid()
+            },
+        )
+        .unwrap();
+        let mut h = Harness::open(&path);
+        h.act(Action::GoTab(1)).act(Action::Group);
+        assert_eq!(
+            group_keys(&h.app),
+            vec![
+                GroupKey::Outside,
+                GroupKey::Layer(0),
+                GroupKey::Layer(1),
+                GroupKey::Layer(2),
+                GroupKey::Layer(3),
+                GroupKey::Mtp
+            ]
+        );
+        h.height = 60;
+        let screen = h.render();
+        for want in [
+            "▾ layer 0 · linear·MoE 7e+shared · ",
+            "▾ layer 1 · full(gated)·dense 120 · ",
+            "▾ layer 2 · linear·dense 96 · ",
+            "▾ layer 3 · full·MoE 7e · ",
+            "▸ model.layers.0.mlp.experts.* — 21 tensors, 7 experts,",
+            "▸ model.layers.3.mlp.experts.* — 21 tensors, 7 experts,",
+        ] {
+            assert!(screen.contains(want), "{want}\n{screen}");
+        }
+        let s = state(&h.app);
+        let mtp = s.groups.iter().find(|g| g.key == GroupKey::Mtp).unwrap();
+        let in_mtp = s
+            .model
+            .tensors()
+            .filter(|(_, e)| e.name.starts_with("model.mtp."))
+            .count();
+        assert_eq!(
+            s.group_label(mtp),
+            format!(
+                "MTP head · full·dense 144 · {in_mtp} tensors · {}",
+                human_bytes(mtp.bytes)
+            )
+        );
+        h.act(Action::End);
+        assert!(h.render().contains("▾ MTP head · full·dense 144 · "));
+        // The shared expert is not one of the routed experts: it stays in the layer.
+        assert!(
+            screen.contains("model.layers.0.mlp.shared_expert.up_proj.weight"),
+            "{screen}"
+        );
+        // model.mtp.layers.0.* belongs to the head, not to layer 0.
+        let s = state(&h.app);
+        let l0 = s
+            .groups
+            .iter()
+            .find(|g| g.key == GroupKey::Layer(0))
+            .unwrap();
+        let in_l0 = s
+            .model
+            .tensors()
+            .filter(|(_, e)| e.name.starts_with("model.layers.0."))
+            .count();
+        assert_eq!(l0.count, in_l0);
+        // Flat layer order puts the head last.
+        h.act(Action::Group);
+        let all = names(&h.app);
+        assert!(all.last().unwrap().starts_with("model.mtp."), "{all:?}");
+        let head = all.iter().filter(|n| n.starts_with("model.mtp.")).count();
+        assert!(head > 10, "{all:?}");
+        assert!(all[all.len() - head..]
+            .iter()
+            .all(|n| n.starts_with("model.mtp.")));
     }
 
     #[test]
@@ -1968,7 +2622,14 @@ mod tests {
         let t = Instant::now();
         h.act(Action::Back);
         let clear = t.elapsed();
-        assert_eq!(names(&h.app).len(), 100_000);
+        // Unfiltered, each layer's 999 expert tensors fold into one row.
+        assert_eq!(names(&h.app).len(), LAYERS);
+        assert_eq!(bank_labels(&h.app).len(), LAYERS);
+        assert!(
+            bank_labels(&h.app)[0].contains("— 999 tensors, 333 experts,"),
+            "{:?}",
+            bank_labels(&h.app)[0]
+        );
         let t = Instant::now();
         h.acts(std::iter::repeat_n(Action::SortNext, 5)); // bits, offset, hash, layer, name
         let to_name = t.elapsed();

@@ -6,7 +6,8 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use cortiq_engine::format::header::Header;
-use cortiq_engine::format::{feature, CmfFile, DType, SectionKind};
+use cortiq_engine::format::layers::{self, Ffn, LayerBlocks, LayerMap};
+use cortiq_engine::format::{feature, CmfFile, CmfModel, DType, SectionKind};
 use serde_json::{json, Map, Value};
 
 use super::common::{
@@ -77,6 +78,10 @@ struct Info {
     components: Vec<Component>,
     unknown: Vec<(String, Value)>,
     layer_types: Option<String>,
+    /// Each layer's blocks, over the whole shard set when the file is one shard of a set
+    /// that opens (a layer's tensors may sit in several shards).
+    layers: LayerMap,
+    layers_scope: &'static str,
 }
 
 impl Info {
@@ -112,6 +117,18 @@ impl Info {
             .as_ref()
             .and_then(|a| a.layer_types.as_deref())
             .map(summarize_layer_types);
+        let arch = file.header.arch.as_ref();
+        let set = match (file.header.shard, file.path.as_deref()) {
+            (Some(s), Some(p)) if s.count > 1 => CmfModel::open(p).ok(),
+            _ => None,
+        };
+        let (layers, layers_scope) = match &set {
+            Some(m) => (
+                layers::classify(m.tensors().map(|(_, e)| e), arch),
+                "shard set",
+            ),
+            None => (layers::classify(file.directory.iter(), arch), "file"),
+        };
         Info {
             by_dtype,
             total,
@@ -119,6 +136,8 @@ impl Info {
             components,
             unknown: unknown_fields(file),
             layer_types,
+            layers,
+            layers_scope,
         }
     }
 
@@ -199,6 +218,17 @@ impl Info {
                 "bits_per_weight": bpw(self.total.bytes, self.total.params),
                 "by_dtype": by_dtype,
             },
+            "layers": self.layers.layers.iter().map(layer_json).collect::<Vec<_>>(),
+            "layers_summary": self.layers.summary(),
+            "layers_scope": self.layers_scope,
+            "mtp_head": self.layers.mtp.as_ref().map(|m| json!({
+                "layers": m.layers.len(),
+                "declared_layers": m.declared_layers,
+                "tensors": m.tensors,
+                "bytes": m.bytes,
+                "blocks": m.layers.iter().map(layer_json).collect::<Vec<_>>(),
+                "summary": self.layers.mtp_summary(),
+            })),
             "tokenizer": tokenizer,
             "chat": chat,
             "masks": masks,
@@ -411,6 +441,8 @@ impl Info {
         }
         t.render(&mut out);
 
+        self.layers_text(&mut out);
+
         out.push_str("\ntensors\n");
         let mut t = Table::new(&[
             ("dtype", Align::Left),
@@ -554,6 +586,98 @@ impl Info {
         }
         out
     }
+}
+
+impl Info {
+    /// The `layers` section: the summary, the MTP head, each run of equal layers.
+    fn layers_text(&self, out: &mut String) {
+        let map = &self.layers;
+        let Some(summary) = map.summary() else {
+            if map.mtp.is_none() {
+                return;
+            }
+            out.push_str("\nlayers\n");
+            let mut t = Table::kv();
+            t.pair("summary", "no decoder layers (model.layers.N.*)");
+            t.pair("mtp", map.mtp_summary().unwrap_or_default());
+            t.render(out);
+            return;
+        };
+        let scope = if self.layers_scope == "file" {
+            String::new()
+        } else {
+            format!(" (over the {})", self.layers_scope)
+        };
+        let _ = writeln!(out, "\nlayers{scope}");
+        let mut t = Table::kv();
+        t.pair("summary", summary);
+        if let Some(m) = map.mtp_summary() {
+            t.pair("mtp", m);
+        }
+        let odd: Vec<String> = map
+            .layers
+            .iter()
+            .filter(|l| l.contradicts_declared())
+            .map(|l| format!("L{}", l.index))
+            .collect();
+        if !odd.is_empty() {
+            t.pair(
+                "note",
+                format!(
+                    "arch.layer_types disagrees with the tensors on {}",
+                    odd.join(", ")
+                ),
+            );
+        }
+        for r in layers::runs(&map.layers) {
+            t.pair(r.name(), r.label);
+        }
+        t.render(out);
+    }
+}
+
+/// One layer of `info --json`'s `layers` (and of `mtp_head.blocks`):
+///
+/// ```json
+/// {"index": 3, "mixer": "full_attention", "gated": true, "declared": "FullAttention",
+///  "ffn": "moe", "width": null, "experts": 8, "top_k": 2, "expert_width": 32,
+///  "router_rows": 8, "shared_expert": true, "shared_expert_width": 56,
+///  "shared_expert_gate": true, "tensors": 33, "bytes": 65184}
+/// ```
+///
+/// - `mixer`: `linear_attention` (Gated DeltaNet, `linear_attn.*`), `full_attention`,
+///   `sliding_attention` (softmax attention that `arch.layer_types` calls sliding) or
+///   `none`; decided by the tensors present, never by the model's name (§2).
+/// - `gated`: attention whose `q_proj` has `2·heads·head_dim` rows (the output gate).
+/// - `declared`: `arch.layer_types[index]`, or null.
+/// - `ffn`: `dense`, `moe` (a router `mlp.gate` or `mlp.experts.*`) or `none`. `width`
+///   is a dense layer's intermediate size; `experts` (present in the file), `top_k`
+///   (`arch.moe`), `expert_width`, `router_rows`, `shared_expert_width` are null unless
+///   `ffn` is `moe`; `shared_expert` and `shared_expert_gate` are false then.
+/// - `tensors`, `bytes`: the layer's directory entries.
+fn layer_json(l: &LayerBlocks) -> Value {
+    let (ffn, width, moe) = match &l.ffn {
+        Ffn::Dense { width } => ("dense", *width, None),
+        Ffn::Moe(m) => ("moe", None, Some(m)),
+        Ffn::None => ("none", None, None),
+    };
+    json!({
+        "index": l.index,
+        "mixer": l.mixer.key(),
+        "gated": l.gated,
+        "declared": l.declared,
+        "ffn": ffn,
+        "width": width,
+        "experts": moe.map(|m| m.experts),
+        "top_k": moe.and_then(|m| m.top_k),
+        "expert_width": moe.and_then(|m| m.expert_width),
+        "router_rows": moe.and_then(|m| m.router_rows),
+        "shared_expert": moe.is_some_and(|m| m.shared_expert),
+        "shared_expert_width": moe.and_then(|m| m.shared_width),
+        "shared_expert_gate": moe.is_some_and(|m| m.shared_gate),
+        "tensors": l.tensors,
+        "bytes": l.bytes,
+    })
 }
 
 fn hex(h: u64) -> String {

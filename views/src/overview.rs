@@ -67,6 +67,11 @@ pub struct OverviewVm<'a> {
     pub dtypes: &'a [DtypeRow],
     /// Bytes per layer, in layer order; `None` label for tensors outside layers.
     pub per_layer: &'a [(String, u64)],
+    /// What the layers are, in a line or two each: the mixers and feed-forwards, the MTP
+    /// head (wrapped at words when there is room, else cut).
+    pub layer_summary: &'a [String],
+    /// Each layer's kind, runs of equal layers folded: (`L0–2`, `linear·MoE 8e`).
+    pub layer_kinds: &'a [(String, String)],
     pub tokenizer: &'a [(String, String)],
     pub extra: &'a [(String, String)],
     pub warnings: &'a [String],
@@ -113,11 +118,23 @@ pub fn render(f: &mut Frame, area: Rect, vm: &OverviewVm, theme: &Theme) {
     } else {
         vm.warnings.len() as u16 + 2
     };
+    // The layers panel: one line per summary and the bytes sparkline at least (its
+    // caption is the title); the kinds of the layers and wrapped summaries when there is
+    // room.
+    let inner_w = right.width.saturating_sub(2) as usize;
+    let summary_want: Vec<u16> = vm
+        .layer_summary
+        .iter()
+        .map(|s| (wrap_words(s, inner_w).len() as u16).clamp(1, SUMMARY_LINES))
+        .collect();
+    let kinds_want = (flow_kinds(vm.layer_kinds, inner_w, usize::MAX).len() as u16).min(KIND_LINES);
+    let layers_min = 2 + summary_want.len() as u16 + 1;
     let spare = right
         .height
-        .saturating_sub(facts_h + 4 + 4 + tok_h + extra_min);
+        .saturating_sub(facts_h + 4 + layers_min + tok_h + extra_min);
     // What is left goes to a few dtypes first, then the shards (a long list folds its
-    // middle), then the other dtypes; the `more` panel takes the rest.
+    // middle), then a line of layer kinds and the wrapped summaries, then the other
+    // dtypes, then more layer kinds; the `more` panel takes the rest.
     let dtypes_n = vm.dtypes.len() as u16;
     let shards_n = (vm.shards.len() as u16).min(SHARDS_SHOWN);
     let shards_frame = if shards_n > 0 { 2 } else { 0 };
@@ -126,14 +143,29 @@ pub fn render(f: &mut Frame, area: Rect, vm: &OverviewVm, theme: &Theme) {
     room -= first;
     let shard_rows = shards_n.min(room).max(shards_n.min(1));
     room = room.saturating_sub(shard_rows);
-    let dtype_rows = (first + (dtypes_n - first).min(room)).max(dtypes_n.min(1));
+    let mut kind_rows = kinds_want.min(1).min(room);
+    room -= kind_rows;
+    let mut summary_rows = Vec::with_capacity(summary_want.len());
+    for &w in &summary_want {
+        let extra = (w - 1).min(room);
+        room -= extra;
+        summary_rows.push(1 + extra);
+    }
+    let rest = (dtypes_n - first).min(room);
+    room -= rest;
+    let dtype_rows = (first + rest).max(dtypes_n.min(1));
+    if kind_rows > 0 {
+        let more = (kinds_want - kind_rows).min(room);
+        kind_rows += more;
+    }
     let shards_h = if shards_n > 0 { shard_rows + 2 } else { 0 };
+    let layers_h = 2 + summary_rows.iter().sum::<u16>() + kind_rows + 1;
     let [facts, layout, shards, dtypes, layers, tok, extra] = Layout::vertical([
         Constraint::Length(facts_h),
         Constraint::Length(4),
         Constraint::Length(shards_h),
         Constraint::Length(dtype_rows + 4),
-        Constraint::Length(4),
+        Constraint::Length(layers_h),
         Constraint::Length(tok_h),
         Constraint::Min(extra_min),
     ])
@@ -144,7 +176,7 @@ pub fn render(f: &mut Frame, area: Rect, vm: &OverviewVm, theme: &Theme) {
         render_shards(f, shards, vm.shards, shard_rows as usize, theme);
     }
     render_dtypes(f, dtypes, vm, dtype_rows as usize, theme);
-    render_layers(f, layers, vm, theme);
+    render_layers(f, layers, vm, &summary_rows, kind_rows as usize, theme);
     render_kv(
         f,
         tok,
@@ -447,7 +479,19 @@ fn render_dtypes(f: &mut Frame, area: Rect, vm: &OverviewVm, max_rows: usize, th
     );
 }
 
-fn render_layers(f: &mut Frame, area: Rect, vm: &OverviewVm, theme: &Theme) {
+/// Lines a summary may wrap to, and lines of layer kinds, before they are cut.
+const SUMMARY_LINES: u16 = 3;
+const KIND_LINES: u16 = 4;
+
+/// `summary_rows`: lines for each summary; `kind_rows`: lines for the kinds.
+fn render_layers(
+    f: &mut Frame,
+    area: Rect,
+    vm: &OverviewVm,
+    summary_rows: &[u16],
+    kind_rows: usize,
+    theme: &Theme,
+) {
     const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
     let max = vm
         .per_layer
@@ -457,29 +501,153 @@ fn render_layers(f: &mut Frame, area: Rect, vm: &OverviewVm, theme: &Theme) {
         .unwrap_or(0)
         .max(1);
     let w = area.width.saturating_sub(2) as usize;
+    let mut lines = Vec::new();
+    for (s, &rows) in vm.layer_summary.iter().zip(summary_rows) {
+        lines.extend(
+            fit_lines(wrap_words(&esc(s), w), w, rows as usize)
+                .into_iter()
+                .map(|l| Line::styled(l, theme.title)),
+        );
+    }
+    for fl in flow_kinds(vm.layer_kinds, w, kind_rows) {
+        let mut spans = Vec::new();
+        for (k, &i) in fl.items.iter().enumerate() {
+            if k > 0 {
+                spans.push(Span::raw(KIND_GAP));
+            }
+            let (name, label) = &vm.layer_kinds[i];
+            let item = truncate(&format!("{} {}", esc(name), esc(label)), w);
+            // The layer name dim, its kind plain: the eye finds the kinds.
+            let cut = item.chars().count().min(esc(name).chars().count());
+            let (head, tail): (String, String) = (
+                item.chars().take(cut).collect(),
+                item.chars().skip(cut).collect(),
+            );
+            spans.push(Span::styled(head, theme.dim));
+            spans.push(Span::raw(tail));
+        }
+        if let Some(n) = fl.more {
+            spans.push(Span::styled(more_note(n, fl.items.is_empty()), theme.dim));
+        }
+        lines.push(Line::from(spans));
+    }
     let layers: Vec<&(String, u64)> = vm.per_layer.iter().collect();
     let spark: String = layers
         .iter()
         .take(w)
         .map(|(_, b)| BARS[((*b as f64 / max as f64) * 7.0).round() as usize])
         .collect();
-    let first = layers.first().map(|(l, _)| l.as_str()).unwrap_or("");
-    let last = layers.last().map(|(l, _)| l.as_str()).unwrap_or("");
-    let lines = vec![
-        Line::styled(spark, theme.accent),
-        Line::styled(
-            format!(
-                "{first} … {last}   max {} per layer{}",
-                human_bytes(max),
-                if layers.len() > w { " (cut)" } else { "" }
-            ),
-            theme.dim,
+    let title = match (layers.first(), layers.last()) {
+        (Some((first, _)), Some((last, _))) => format!(
+            " layers — bytes per layer {first} … {last}: max {}{} ",
+            human_bytes(max),
+            if layers.len() > w { " (cut)" } else { "" }
         ),
-    ];
+        _ => " layers ".to_string(),
+    };
+    lines.push(Line::styled(spark, theme.accent));
     f.render_widget(
-        Paragraph::new(lines).block(Block::bordered().title(" bytes per layer ")),
+        Paragraph::new(lines).block(Block::bordered().title(title)),
         area,
     );
+}
+
+/// Between two layer kinds on a line.
+const KIND_GAP: &str = "  ";
+
+/// One line of layer kinds: indices into the kinds, and how many did not fit when this is
+/// the last line.
+#[derive(Clone, Debug, PartialEq)]
+struct FlowLine {
+    items: Vec<usize>,
+    more: Option<usize>,
+}
+
+fn more_note(n: usize, alone: bool) -> String {
+    format!("{}+{n} more", if alone { "" } else { KIND_GAP })
+}
+
+/// Layer kinds (`L0 linear·MoE 8e`) flowed into at most `max_lines` lines of `width`
+/// columns, never splitting one; what does not fit ends the last line as `+N more`.
+fn flow_kinds(kinds: &[(String, String)], width: usize, max_lines: usize) -> Vec<FlowLine> {
+    let item_w = |i: usize| {
+        let (n, l) = &kinds[i];
+        (esc(n).chars().count() + 1 + esc(l).chars().count()).min(width.max(1))
+    };
+    let gap = KIND_GAP.chars().count();
+    let mut lines: Vec<(Vec<usize>, usize)> = Vec::new();
+    for i in 0..kinds.len() {
+        let w = item_w(i);
+        match lines.last_mut() {
+            Some((items, used)) if *used + gap + w <= width => {
+                items.push(i);
+                *used += gap + w;
+            }
+            _ => lines.push((vec![i], w)),
+        }
+    }
+    if lines.len() <= max_lines {
+        return lines
+            .into_iter()
+            .map(|(items, _)| FlowLine { items, more: None })
+            .collect();
+    }
+    if max_lines == 0 {
+        return Vec::new();
+    }
+    lines.truncate(max_lines);
+    let shown: usize = lines.iter().map(|(items, _)| items.len()).sum();
+    let mut more = kinds.len() - shown;
+    let (items, used) = lines.last_mut().expect("max_lines > 0");
+    // Make room for the note on the last line.
+    while !items.is_empty() && *used + more_note(more, false).chars().count() > width {
+        let i = items.pop().expect("not empty");
+        *used -= item_w(i) + if items.is_empty() { 0 } else { gap };
+        more += 1;
+    }
+    let n = lines.len();
+    lines
+        .into_iter()
+        .enumerate()
+        .map(|(k, (items, _))| FlowLine {
+            items,
+            more: (k + 1 == n).then_some(more),
+        })
+        .collect()
+}
+
+/// `s` broken at spaces into lines of at most `width` columns (a longer word is cut).
+fn wrap_words(s: &str, width: usize) -> Vec<String> {
+    let width = width.max(1);
+    let mut lines: Vec<String> = Vec::new();
+    let mut cur = String::new();
+    for word in s.split(' ').filter(|w| !w.is_empty()) {
+        let (cw, ww) = (cur.chars().count(), word.chars().count());
+        if cur.is_empty() {
+            cur = truncate(word, width);
+        } else if cw + 1 + ww <= width {
+            cur.push(' ');
+            cur.push_str(word);
+        } else {
+            lines.push(std::mem::take(&mut cur));
+            cur = truncate(word, width);
+        }
+    }
+    if !cur.is_empty() || lines.is_empty() {
+        lines.push(cur);
+    }
+    lines
+}
+
+/// At most `rows` of `lines`; the last one kept takes what is left out, cut with `…`.
+fn fit_lines(mut lines: Vec<String>, width: usize, rows: usize) -> Vec<String> {
+    if rows == 0 {
+        lines.clear();
+    } else if lines.len() > rows {
+        let rest = lines.split_off(rows - 1).join(" ");
+        lines.push(truncate(&rest, width));
+    }
+    lines
 }
 
 #[cfg(test)]
@@ -512,6 +680,93 @@ mod tests {
                     .collect::<String>()
             })
             .collect()
+    }
+
+    fn kinds(n: usize) -> Vec<(String, String)> {
+        (0..n)
+            .map(|i| {
+                let label = if i % 4 == 3 {
+                    "full(gated)·MoE 256e+shared"
+                } else {
+                    "linear·MoE 256e+shared"
+                };
+                (format!("L{i}"), label.to_string())
+            })
+            .collect()
+    }
+
+    fn flowed(k: &[(String, String)], width: usize, max: usize) -> Vec<String> {
+        flow_kinds(k, width, max)
+            .iter()
+            .map(|l| {
+                let mut s = l
+                    .items
+                    .iter()
+                    .map(|&i| truncate(&format!("{} {}", k[i].0, k[i].1), width))
+                    .collect::<Vec<_>>()
+                    .join(KIND_GAP);
+                if let Some(n) = l.more {
+                    s.push_str(&more_note(n, l.items.is_empty()));
+                }
+                s
+            })
+            .collect()
+    }
+
+    #[test]
+    fn layer_kinds_flow_whole_and_fold_what_does_not_fit() {
+        let k = kinds(48);
+        // Unbounded: every kind once, in order, no line too wide.
+        let all = flow_kinds(&k, 61, usize::MAX);
+        let order: Vec<usize> = all.iter().flat_map(|l| l.items.clone()).collect();
+        assert_eq!(order, (0..48).collect::<Vec<_>>());
+        assert!(all.iter().all(|l| l.more.is_none()));
+        for line in flowed(&k, 61, usize::MAX) {
+            assert!(line.chars().count() <= 61, "{line}");
+        }
+        // Two lines: the last ends with the count of the rest, within the width.
+        let two = flowed(&k, 61, 2);
+        assert_eq!(two.len(), 2);
+        let shown: usize = flow_kinds(&k, 61, 2).iter().map(|l| l.items.len()).sum();
+        assert!(
+            two[1].ends_with(&format!("+{} more", 48 - shown)),
+            "{two:?}"
+        );
+        assert!(two.iter().all(|l| l.chars().count() <= 61), "{two:?}");
+        assert!(
+            two[0].starts_with("L0 linear·MoE 256e+shared  L1 "),
+            "{two:?}"
+        );
+        // Narrower than one kind: cut, never wider; one line of just the note at worst.
+        for line in flowed(&k, 12, 3) {
+            assert!(line.chars().count() <= 12, "{line}");
+        }
+        let one = flowed(&k, 9, 1);
+        assert_eq!(one, vec!["+48 more".to_string()]);
+        assert!(flow_kinds(&k, 40, 0).is_empty());
+        assert!(flow_kinds(&[], 40, 3).is_empty());
+    }
+
+    #[test]
+    fn summaries_wrap_at_words_and_cut_with_an_ellipsis() {
+        let s = "hybrid: 3 linear-attention + 1 full-attention layers (output gate on 1); 4 dense layers (width 128)";
+        let lines = wrap_words(s, 40);
+        assert_eq!(lines.join(" "), s);
+        assert!(lines.iter().all(|l| l.chars().count() <= 40), "{lines:?}");
+        let cut = fit_lines(lines.clone(), 40, 2);
+        assert_eq!(cut.len(), 2);
+        assert_eq!(cut[0], lines[0]);
+        assert!(
+            cut[1].ends_with('…') && cut[1].chars().count() == 40,
+            "{cut:?}"
+        );
+        // One row: the whole text cut at the width, not at the first wrap.
+        let one = fit_lines(lines.clone(), 40, 1);
+        assert_eq!(one, vec![truncate(s, 40)]);
+        assert!(fit_lines(lines.clone(), 40, 0).is_empty());
+        assert_eq!(fit_lines(lines.clone(), 40, 9), lines);
+        assert_eq!(wrap_words("", 10), vec![String::new()]);
+        assert_eq!(wrap_words("abcdefghijkl", 5), vec!["abcd…".to_string()]);
     }
 
     #[test]

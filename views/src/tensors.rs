@@ -35,8 +35,13 @@ const MARKER_W: usize = 2;
 /// One visible row.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RowVm {
-    /// A layer's header when grouping: `label` is e.g. `layer 3 · 12 tensors · 4.1 KiB`.
-    Group { label: String, collapsed: bool },
+    /// A layer's header when grouping (`layer 3 · full·dense 128 · 12 tensors · 4.1 KiB`,
+    /// depth 0), or a folded run of tensors inside it (a layer's experts, depth 1).
+    Group {
+        label: String,
+        collapsed: bool,
+        depth: u8,
+    },
     /// A tensor: one formatted (and escaped) cell per column of [`COLUMNS`].
     Tensor { cells: [String; COLS] },
 }
@@ -294,9 +299,16 @@ fn render_rows(f: &mut Frame, r: Rect, plan: &Plan, vm: &TensorsVm, theme: &Them
             let marker = if selected { MARKER } else { "  " };
             let mut spans = vec![Span::styled(marker, theme.accent)];
             match row {
-                RowVm::Group { label, collapsed } => {
+                RowVm::Group {
+                    label,
+                    collapsed,
+                    depth,
+                } => {
                     let arrow = if *collapsed { "▸ " } else { "▾ " };
-                    let head = format!("{arrow}{label} ");
+                    let indent = "  ".repeat(*depth as usize);
+                    // Long labels (a bank's prefix) are cut in the middle, never wrapped.
+                    let room = width.saturating_sub(MARKER_W + indent.len() + 3);
+                    let head = format!("{indent}{arrow}{} ", truncate_middle(label, room));
                     let rule = width.saturating_sub(MARKER_W + text_width(&head) + 1);
                     spans.push(Span::styled(head, theme.title));
                     spans.push(Span::styled("─".repeat(rule), theme.dim));
