@@ -105,6 +105,11 @@ impl Linear {
         }
     }
 
+    /// Adds the bias (if any) to `y` [t, out], as [`Linear::forward`] does.
+    pub fn add_bias_to(&self, y: &mut [f32]) {
+        self.add_bias(y)
+    }
+
     fn add_bias(&self, y: &mut [f32]) {
         if let Some(b) = &self.bias {
             for row in y.chunks_exact_mut(b.len()) {

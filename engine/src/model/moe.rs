@@ -15,9 +15,12 @@
 //! values of separate matrix-vector products, so a batch and token-by-token decoding
 //! agree exactly (speculative decoding relies on it).
 
+use smallvec::SmallVec;
+
 use super::config::Activation;
 use super::linear::Linear;
-use super::mlp::{Mlp, MlpScratch};
+use super::mlp::{activate, Mlp, MlpScratch};
+use crate::quant::matrix::{self, MatvecJob};
 use super::scope::Scope;
 use super::ModelError;
 
@@ -87,6 +90,11 @@ pub struct MoeScratch {
     yout: Vec<f32>,
     gate: Vec<f32>,
     mlp: MlpScratch,
+    /// One token's experts (and the shared expert) side by side: `[k + 1, widest]`
+    /// gate and up outputs, `[k + 1, hidden]` down outputs.
+    g1: Vec<f32>,
+    u1: Vec<f32>,
+    y1: Vec<f32>,
 }
 
 impl MoeScratch {
@@ -101,6 +109,9 @@ impl MoeScratch {
             yout: vec![0.0; hidden * t_max],
             gate: vec![0.0; t_max],
             mlp: MlpScratch::new(widest, t_max),
+            g1: vec![0.0; (top_k + 1) * widest],
+            u1: vec![0.0; (top_k + 1) * widest],
+            y1: vec![0.0; (top_k + 1) * hidden],
         }
     }
 }
@@ -192,6 +203,97 @@ impl Moe {
             .chain(self.shared_gate.iter_mut())
     }
 
+    /// One token's feed-forward (`h`, `out` [hidden]) over its experts `chosen` (in
+    /// expert order, with their weights): every expert's gate and up products (and the
+    /// shared expert's, and its gate) in one parallel section, every down product in
+    /// another, instead of two per expert. Bit for bit what the grouped path computes.
+    fn forward_one(&self, h: &[f32], chosen: &[(u32, f32)], s: &mut MoeScratch, out: &mut [f32]) {
+        let hidden = h.len();
+        let widest = s.g1.len() / (s.y1.len() / hidden);
+        let mut mlps: SmallVec<[&Mlp; 17]> = chosen
+            .iter()
+            .map(|&(e, _)| &self.experts[e as usize])
+            .collect();
+        mlps.extend(self.shared.iter());
+        let precision = self.router.precision;
+        {
+            let mut jobs: SmallVec<[MatvecJob; 36]> = SmallVec::new();
+            let mut gs = s.g1.chunks_exact_mut(widest);
+            let mut us = s.u1.chunks_exact_mut(widest);
+            for m in &mlps {
+                let n = m.intermediate();
+                for (l, y) in [(&m.gate, gs.next()), (&m.up, us.next())] {
+                    jobs.push(MatvecJob {
+                        m: &l.m,
+                        bytes: l.bytes(),
+                        x: h,
+                        y: &mut y.expect("a buffer per expert")[..n],
+                    });
+                }
+            }
+            if let Some(g) = &self.shared_gate {
+                jobs.push(MatvecJob {
+                    m: &g.m,
+                    bytes: g.bytes(),
+                    x: h,
+                    y: &mut s.gate[..1],
+                });
+            }
+            matrix::matvec_each(&mut jobs, precision);
+        }
+        for (i, m) in mlps.iter().enumerate() {
+            let n = m.intermediate();
+            let (g, u) = (
+                &mut s.g1[i * widest..i * widest + n],
+                &mut s.u1[i * widest..i * widest + n],
+            );
+            m.gate.add_bias_to(g);
+            m.up.add_bias_to(u);
+            for (gv, &uv) in g.iter_mut().zip(u.iter()) {
+                *gv = activate(m.act, *gv) * uv;
+            }
+        }
+        {
+            let mut jobs: SmallVec<[MatvecJob; 17]> = SmallVec::new();
+            let mut ys = s.y1.chunks_exact_mut(hidden);
+            for (i, m) in mlps.iter().enumerate() {
+                jobs.push(MatvecJob {
+                    m: &m.down.m,
+                    bytes: m.down.bytes(),
+                    x: &s.g1[i * widest..i * widest + m.intermediate()],
+                    y: ys.next().expect("a buffer per expert"),
+                });
+            }
+            matrix::matvec_each(&mut jobs, precision);
+        }
+        out[..hidden].fill(0.0);
+        for (i, &(_, w)) in chosen.iter().enumerate() {
+            let y = &mut s.y1[i * hidden..(i + 1) * hidden];
+            mlps[i].down.add_bias_to(y);
+            for (o, &v) in out.iter_mut().zip(y.iter()) {
+                *o += w * v;
+            }
+        }
+        if self.shared.is_some() {
+            let i = chosen.len();
+            let y = &mut s.y1[i * hidden..(i + 1) * hidden];
+            mlps[i].down.add_bias_to(y);
+            let gate = match &self.shared_gate {
+                Some(g) => {
+                    let mut v = s.gate[0];
+                    if let Some(b) = &g.bias {
+                        v += b[0];
+                    }
+                    1.0 / (1.0 + (-v).exp())
+                }
+                None => 1.0,
+            };
+            for (o, &v) in out.iter_mut().zip(y.iter()) {
+                *o += gate * v;
+            }
+        }
+    }
+
     /// `h` [t, hidden] → `out` [t, hidden]; the choices go to `routes`.
     pub fn forward(
         &self,
@@ -265,6 +367,15 @@ impl Moe {
             }
         }
 
+        if t == 1 {
+            // The token's experts in index order, as the grouped path sums them.
+            let (ex, wt) = routes.token(0);
+            let mut chosen: SmallVec<[(u32, f32); 16]> =
+                ex.iter().copied().zip(wt.iter().copied()).collect();
+            chosen.sort_unstable_by_key(|&(e, _)| e);
+            self.forward_one(h, &chosen, s, out);
+            return Ok(());
+        }
         // One product per expert over its tokens, accumulated in expert order.
         out[..t * hidden].fill(0.0);
         for (e, expert) in self.experts.iter().enumerate() {

@@ -384,6 +384,73 @@ pub fn matvec_multi(parts: &mut [MatvecPart], x: &[f32], p: Precision) {
     }
 }
 
+/// One product of [`matvec_each`]: a matrix, its bytes, its own input and its output.
+pub struct MatvecJob<'a> {
+    pub m: &'a Matrix,
+    pub bytes: &'a [u8],
+    pub x: &'a [f32],
+    pub y: &'a mut [f32],
+}
+
+thread_local! {
+    /// Quantized activations of [`matvec_each`]'s jobs, one buffer per job, reused.
+    static EACH_QACTS: RefCell<Vec<QuantizedActs>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Matrix-vector products with inputs of their own (the experts a MoE token chose: each
+/// down projection reads its own expert's activations) as one parallel section, so that
+/// many small products do not each wake the pool. The results are those of
+/// [`matvec_with`] on each job.
+pub fn matvec_each(jobs: &mut [MatvecJob], p: Precision) {
+    for j in jobs.iter() {
+        assert_eq!(j.x.len(), j.m.cols, "activations must be [cols]");
+        assert_eq!(j.y.len(), j.m.rows, "output must be [rows]");
+        assert_eq!(j.bytes.len(), j.m.nbytes, "bytes of another tensor");
+    }
+    let exact = |jobs: &mut [MatvecJob]| {
+        jobs.par_iter_mut().for_each(|j| {
+            if j.m.rows > 0 {
+                matvec_impl(j.m, j.bytes, Acts::F32(j.x), j.y)
+            }
+        })
+    };
+    if p == Precision::Exact || jobs.iter().all(|j| int_order(j.m).is_none()) {
+        return exact(jobs);
+    }
+    EACH_QACTS.with(|cell| {
+        let Ok(mut qas) = cell.try_borrow_mut() else {
+            // Called from inside another `matvec_each` (a stolen task): one at a time.
+            for j in jobs.iter_mut() {
+                matvec_with(j.m, j.bytes, j.x, j.y, p);
+            }
+            return;
+        };
+        while qas.len() < jobs.len() {
+            qas.push(QuantizedActs::default());
+        }
+        for (j, qa) in jobs.iter().zip(qas.iter_mut()) {
+            if let Some(order) = int_order(j.m) {
+                let col = (j.m.dtype == DType::Q8_2f).then(|| {
+                    let l = Q8Layout::new(j.m.geom);
+                    &j.bytes[l.col_field..l.col_field + 2 * j.m.cols]
+                });
+                qa.fill(j.x, 1, j.m.cols, col, order);
+            }
+        }
+        jobs.par_iter_mut().zip(qas.par_iter()).for_each(|(j, qa)| {
+            if j.m.rows == 0 {
+                return;
+            }
+            let acts = if int_order(j.m).is_some() {
+                Acts::Int(qa)
+            } else {
+                Acts::F32(j.x)
+            };
+            matvec_impl(j.m, j.bytes, acts, j.y)
+        });
+    })
+}
+
 fn matvec_impl(m: &Matrix, bytes: &[u8], acts: Acts, y: &mut [f32]) {
     // Enough work per chunk to amortise a task (~32k weights), and otherwise as few
     // chunks as keep every thread busy (two per thread, for balance): a chunk is one
