@@ -264,7 +264,8 @@ fn a_saved_greedy_session_replays_to_identical_ids() {
 
 #[test]
 fn a_skill_file_shows_its_notice() {
-    for (name, words) in [("qwen3-skillfile.cmf", "skill file")] {
+    {
+        let (name, words) = ("qwen3-skillfile.cmf", "skill file");
         let mut h = Harness::open_with(
             &fixture(name),
             StartOptions {

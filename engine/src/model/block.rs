@@ -24,6 +24,8 @@ pub enum TokenMixer {
     GatedDeltaNet(GatedDeltaNet),
 }
 
+// One per layer, built once: the size difference between the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum FeedForward {
     Dense(Mlp),

@@ -406,6 +406,7 @@ impl GatedDeltaNet {
 
     /// Copies the q, k, v of value head `hv` for `n` tokens from `i0` out of the conv
     /// output into `hs` (q, k normalised, q scaled), with β and g.
+    #[allow(clippy::too_many_arguments)]
     fn gather(
         &self,
         conv: &[f32],

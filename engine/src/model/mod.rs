@@ -326,7 +326,11 @@ impl Model {
     pub fn widest_input(&self) -> usize {
         let c = &self.config;
         let mut w = c.hidden.max(c.intermediate).max(c.n_heads * c.head_dim);
-        for l in self.layers.iter().chain(self.mtp.iter().flat_map(|m| m.layers.iter())) {
+        for l in self
+            .layers
+            .iter()
+            .chain(self.mtp.iter().flat_map(|m| m.layers.iter()))
+        {
             if let TokenMixer::GatedDeltaNet(g) = &l.mixer {
                 w = w.max(g.cfg.value_dim());
             }

@@ -20,9 +20,9 @@ use smallvec::SmallVec;
 use super::config::Activation;
 use super::linear::Linear;
 use super::mlp::{activate, Mlp, MlpScratch};
-use crate::quant::matrix::{self, MatvecJob};
 use super::scope::Scope;
 use super::ModelError;
+use crate::quant::matrix::{self, MatvecJob};
 
 /// What the arch says of a layer's experts (`arch.moe`).
 #[derive(Clone, Debug, PartialEq)]

@@ -173,7 +173,7 @@ impl Sampler {
     /// token id); `None` if they are all zero.
     pub fn draw_from(&mut self, weights: &[f32]) -> Option<u32> {
         let total: f32 = weights.iter().sum();
-        if !(total > 0.0) {
+        if total.is_nan() || total <= 0.0 {
             return None;
         }
         let mut r = self.rng.random::<f32>() * total;
