@@ -19,10 +19,10 @@ use smallvec::SmallVec;
 
 use super::config::Activation;
 use super::linear::Linear;
-use super::mlp::{activate, Mlp, MlpScratch};
+use super::mlp::{activate, Mlp};
 use super::scope::Scope;
 use super::ModelError;
-use crate::quant::matrix::{self, MatvecJob};
+use crate::quant::matrix::{self, MatmulJob};
 
 /// What the arch says of a layer's experts (`arch.moe`).
 #[derive(Clone, Debug, PartialEq)]
@@ -86,32 +86,37 @@ pub struct MoeScratch {
     cursor: Vec<usize>,
     /// (token, weight) pairs grouped by expert.
     order: Vec<(u32, f32)>,
+    /// The routed rows in `order`'s order: inputs `[t·k, hidden]`, gate and up outputs
+    /// `[t·k, widest]` (each expert's block `[n_e, width_e]` at its group's start),
+    /// down outputs `[t·k, hidden]`.
     xin: Vec<f32>,
-    yout: Vec<f32>,
+    g: Vec<f32>,
+    u: Vec<f32>,
+    y: Vec<f32>,
+    /// The shared expert's: `[t, width]` gate and up, `[t, hidden]` down, `[t]` gate.
+    sg: Vec<f32>,
+    su: Vec<f32>,
+    sy: Vec<f32>,
     gate: Vec<f32>,
-    mlp: MlpScratch,
-    /// One token's experts (and the shared expert) side by side: `[k + 1, widest]`
-    /// gate and up outputs, `[k + 1, hidden]` down outputs.
-    g1: Vec<f32>,
-    u1: Vec<f32>,
-    y1: Vec<f32>,
 }
 
 impl MoeScratch {
     pub fn new(experts: usize, top_k: usize, widest: usize, hidden: usize, t_max: usize) -> Self {
+        let rows = top_k * t_max;
         MoeScratch {
             logits: vec![0.0; experts * t_max],
             probs: vec![0.0; experts],
             counts: vec![0; experts + 1],
             cursor: vec![0; experts],
-            order: vec![(0, 0.0); top_k * t_max],
-            xin: vec![0.0; hidden * t_max],
-            yout: vec![0.0; hidden * t_max],
+            order: vec![(0, 0.0); rows],
+            xin: vec![0.0; rows * hidden],
+            g: vec![0.0; rows * widest],
+            u: vec![0.0; rows * widest],
+            y: vec![0.0; rows * hidden],
+            sg: vec![0.0; t_max * widest],
+            su: vec![0.0; t_max * widest],
+            sy: vec![0.0; t_max * hidden],
             gate: vec![0.0; t_max],
-            mlp: MlpScratch::new(widest, t_max),
-            g1: vec![0.0; (top_k + 1) * widest],
-            u1: vec![0.0; (top_k + 1) * widest],
-            y1: vec![0.0; (top_k + 1) * hidden],
         }
     }
 }
@@ -203,93 +208,172 @@ impl Moe {
             .chain(self.shared_gate.iter_mut())
     }
 
-    /// One token's feed-forward (`h`, `out` [hidden]) over its experts `chosen` (in
-    /// expert order, with their weights): every expert's gate and up products (and the
-    /// shared expert's, and its gate) in one parallel section, every down product in
-    /// another, instead of two per expert. Bit for bit what the grouped path computes.
-    fn forward_one(&self, h: &[f32], chosen: &[(u32, f32)], s: &mut MoeScratch, out: &mut [f32]) {
-        let hidden = h.len();
-        let widest = s.g1.len() / (s.y1.len() / hidden);
-        let mut mlps: SmallVec<[&Mlp; 17]> = chosen
-            .iter()
-            .map(|&(e, _)| &self.experts[e as usize])
-            .collect();
-        mlps.extend(self.shared.iter());
+    /// The experts' products for the routed rows: `order` holds (token, weight) pairs
+    /// grouped by expert, expert `e`'s at `counts[e]..counts[e + 1]`. Every expert's gate
+    /// and up products (and the shared expert's, and its gate) run in one parallel
+    /// section, every down product in another, instead of two sections per expert; each
+    /// product is what `matmul_with` gives over that expert's rows, and each token sums
+    /// its experts in index order, whatever `t` is.
+    fn experts_forward(
+        &self,
+        h: &[f32],
+        t: usize,
+        order: &[(u32, f32)],
+        counts: &[usize],
+        s: &mut MoeScratch,
+        out: &mut [f32],
+    ) {
+        let hidden = self.router.in_dim();
+        let rows = order.len();
+        let widest = s.g.len() / (s.xin.len() / hidden).max(1);
         let precision = self.router.precision;
+        for (r, &(tok, _)) in order.iter().enumerate() {
+            let tok = tok as usize;
+            s.xin[r * hidden..(r + 1) * hidden]
+                .copy_from_slice(&h[tok * hidden..(tok + 1) * hidden]);
+        }
+        // Gate and up: every expert with rows, the shared expert and its gate.
         {
-            let mut jobs: SmallVec<[MatvecJob; 36]> = SmallVec::new();
-            let mut gs = s.g1.chunks_exact_mut(widest);
-            let mut us = s.u1.chunks_exact_mut(widest);
-            for m in &mlps {
-                let n = m.intermediate();
-                for (l, y) in [(&m.gate, gs.next()), (&m.up, us.next())] {
-                    jobs.push(MatvecJob {
+            let mut jobs: SmallVec<[MatmulJob; 96]> = SmallVec::new();
+            let (mut g_rest, mut u_rest) = (&mut s.g[..rows * widest], &mut s.u[..rows * widest]);
+            let mut taken = 0;
+            for (e, m) in self.experts.iter().enumerate() {
+                let (r0, n) = (counts[e], counts[e + 1] - counts[e]);
+                if n == 0 {
+                    continue;
+                }
+                // Each group's block starts at its first row's offset.
+                let skip = r0 * widest - taken;
+                let (_, g) = std::mem::take(&mut g_rest).split_at_mut(skip);
+                let (_, u) = std::mem::take(&mut u_rest).split_at_mut(skip);
+                let (g, g_next) = g.split_at_mut(n * widest);
+                let (u, u_next) = u.split_at_mut(n * widest);
+                g_rest = g_next;
+                u_rest = u_next;
+                taken = (r0 + n) * widest;
+                let w = m.intermediate();
+                let x = &s.xin[r0 * hidden..(r0 + n) * hidden];
+                for (l, y) in [(&m.gate, g), (&m.up, u)] {
+                    jobs.push(MatmulJob {
                         m: &l.m,
                         bytes: l.bytes(),
-                        x: h,
-                        y: &mut y.expect("a buffer per expert")[..n],
+                        x,
+                        t: n,
+                        y: &mut y[..n * w],
                     });
                 }
             }
-            if let Some(g) = &self.shared_gate {
-                jobs.push(MatvecJob {
-                    m: &g.m,
-                    bytes: g.bytes(),
+            if let Some(m) = &self.shared {
+                let w = m.intermediate();
+                jobs.push(MatmulJob {
+                    m: &m.gate.m,
+                    bytes: m.gate.bytes(),
                     x: h,
-                    y: &mut s.gate[..1],
+                    t,
+                    y: &mut s.sg[..t * w],
                 });
+                jobs.push(MatmulJob {
+                    m: &m.up.m,
+                    bytes: m.up.bytes(),
+                    x: h,
+                    t,
+                    y: &mut s.su[..t * w],
+                });
+                if let Some(g) = &self.shared_gate {
+                    jobs.push(MatmulJob {
+                        m: &g.m,
+                        bytes: g.bytes(),
+                        x: h,
+                        t,
+                        y: &mut s.gate[..t],
+                    });
+                }
             }
-            matrix::matvec_each(&mut jobs, precision);
+            matrix::matmul_each(&mut jobs, precision);
         }
-        for (i, m) in mlps.iter().enumerate() {
-            let n = m.intermediate();
-            let (g, u) = (
-                &mut s.g1[i * widest..i * widest + n],
-                &mut s.u1[i * widest..i * widest + n],
-            );
+        // Activations, in place of the gate outputs.
+        let act = |m: &Mlp, g: &mut [f32], u: &mut [f32]| {
             m.gate.add_bias_to(g);
             m.up.add_bias_to(u);
             for (gv, &uv) in g.iter_mut().zip(u.iter()) {
                 *gv = activate(m.act, *gv) * uv;
             }
+        };
+        for (e, m) in self.experts.iter().enumerate() {
+            let (r0, n) = (counts[e], counts[e + 1] - counts[e]);
+            if n > 0 {
+                let span = r0 * widest..r0 * widest + n * m.intermediate();
+                act(m, &mut s.g[span.clone()], &mut s.u[span]);
+            }
         }
+        if let Some(m) = &self.shared {
+            let w = m.intermediate();
+            act(m, &mut s.sg[..t * w], &mut s.su[..t * w]);
+        }
+        // Down.
         {
-            let mut jobs: SmallVec<[MatvecJob; 17]> = SmallVec::new();
-            let mut ys = s.y1.chunks_exact_mut(hidden);
-            for (i, m) in mlps.iter().enumerate() {
-                jobs.push(MatvecJob {
+            let mut jobs: SmallVec<[MatmulJob; 64]> = SmallVec::new();
+            let mut y_rest = &mut s.y[..rows * hidden];
+            for (e, m) in self.experts.iter().enumerate() {
+                let (r0, n) = (counts[e], counts[e + 1] - counts[e]);
+                if n == 0 {
+                    continue;
+                }
+                let (y, rest) = std::mem::take(&mut y_rest).split_at_mut(n * hidden);
+                y_rest = rest;
+                jobs.push(MatmulJob {
                     m: &m.down.m,
                     bytes: m.down.bytes(),
-                    x: &s.g1[i * widest..i * widest + m.intermediate()],
-                    y: ys.next().expect("a buffer per expert"),
+                    x: &s.g[r0 * widest..r0 * widest + n * m.intermediate()],
+                    t: n,
+                    y,
                 });
             }
-            matrix::matvec_each(&mut jobs, precision);
+            if let Some(m) = &self.shared {
+                jobs.push(MatmulJob {
+                    m: &m.down.m,
+                    bytes: m.down.bytes(),
+                    x: &s.sg[..t * m.intermediate()],
+                    t,
+                    y: &mut s.sy[..t * hidden],
+                });
+            }
+            matrix::matmul_each(&mut jobs, precision);
         }
-        out[..hidden].fill(0.0);
-        for (i, &(_, w)) in chosen.iter().enumerate() {
-            let y = &mut s.y1[i * hidden..(i + 1) * hidden];
-            mlps[i].down.add_bias_to(y);
-            for (o, &v) in out.iter_mut().zip(y.iter()) {
-                *o += w * v;
+        // Σ wₑ·FFNₑ(x) per token, experts in index order, then the shared expert.
+        out[..t * hidden].fill(0.0);
+        for (e, m) in self.experts.iter().enumerate() {
+            for r in counts[e]..counts[e + 1] {
+                let (tok, w) = order[r];
+                let y = &mut s.y[r * hidden..(r + 1) * hidden];
+                m.down.add_bias_to(y);
+                let tok = tok as usize;
+                for (o, &v) in out[tok * hidden..(tok + 1) * hidden]
+                    .iter_mut()
+                    .zip(y.iter())
+                {
+                    *o += w * v;
+                }
             }
         }
-        if self.shared.is_some() {
-            let i = chosen.len();
-            let y = &mut s.y1[i * hidden..(i + 1) * hidden];
-            mlps[i].down.add_bias_to(y);
-            let gate = match &self.shared_gate {
+        if let Some(m) = &self.shared {
+            let sy = &mut s.sy[..t * hidden];
+            m.down.add_bias_to(sy);
+            let gate = &mut s.gate[..t];
+            match &self.shared_gate {
                 Some(g) => {
-                    let mut v = s.gate[0];
-                    if let Some(b) = &g.bias {
-                        v += b[0];
-                    }
-                    1.0 / (1.0 + (-v).exp())
+                    g.add_bias_to(gate);
+                    gate.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp()));
                 }
-                None => 1.0,
-            };
-            for (o, &v) in out.iter_mut().zip(y.iter()) {
-                *o += gate * v;
+                None => gate.fill(1.0),
+            }
+            for i in 0..t {
+                for (o, &v) in out[i * hidden..(i + 1) * hidden]
+                    .iter_mut()
+                    .zip(&sy[i * hidden..(i + 1) * hidden])
+                {
+                    *o += gate[i] * v;
+                }
             }
         }
     }
@@ -305,7 +389,6 @@ impl Moe {
     ) -> Result<(), ModelError> {
         let n = self.experts.len();
         let k = self.top_k;
-        let hidden = self.router.in_dim();
         let logits = &mut s.logits[..t * n];
         self.router.forward(h, t, logits);
 
@@ -367,60 +450,11 @@ impl Moe {
             }
         }
 
-        if t == 1 {
-            // The token's experts in index order, as the grouped path sums them.
-            let (ex, wt) = routes.token(0);
-            let mut chosen: SmallVec<[(u32, f32); 16]> =
-                ex.iter().copied().zip(wt.iter().copied()).collect();
-            chosen.sort_unstable_by_key(|&(e, _)| e);
-            self.forward_one(h, &chosen, s, out);
-            return Ok(());
-        }
-        // One product per expert over its tokens, accumulated in expert order.
-        out[..t * hidden].fill(0.0);
-        for (e, expert) in self.experts.iter().enumerate() {
-            let group = &order[counts[e]..counts[e + 1]];
-            if group.is_empty() {
-                continue;
-            }
-            let m = group.len();
-            for (r, &(tok, _)) in group.iter().enumerate() {
-                let tok = tok as usize;
-                s.xin[r * hidden..(r + 1) * hidden]
-                    .copy_from_slice(&h[tok * hidden..(tok + 1) * hidden]);
-            }
-            let (xin, yout) = (&s.xin[..m * hidden], &mut s.yout[..m * hidden]);
-            expert.forward(xin, m, &mut s.mlp, yout);
-            for (r, &(tok, w)) in group.iter().enumerate() {
-                let tok = tok as usize;
-                for (o, &y) in out[tok * hidden..(tok + 1) * hidden]
-                    .iter_mut()
-                    .zip(&yout[r * hidden..(r + 1) * hidden])
-                {
-                    *o += w * y;
-                }
-            }
-        }
-        if let Some(shared) = &self.shared {
-            let yout = &mut s.yout[..t * hidden];
-            shared.forward(h, t, &mut s.mlp, yout);
-            let gate = &mut s.gate[..t];
-            match &self.shared_gate {
-                Some(g) => {
-                    g.forward(h, t, gate);
-                    gate.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp()));
-                }
-                None => gate.fill(1.0),
-            }
-            for i in 0..t {
-                for (o, &y) in out[i * hidden..(i + 1) * hidden]
-                    .iter_mut()
-                    .zip(&yout[i * hidden..(i + 1) * hidden])
-                {
-                    *o += gate[i] * y;
-                }
-            }
-        }
+        // Out of the scratch while its other buffers are written (no allocation: the
+        // vectors move and come back).
+        let (order, counts) = (std::mem::take(&mut s.order), std::mem::take(&mut s.counts));
+        self.experts_forward(h, t, &order[..t * k], &counts[..n + 1], s, out);
+        (s.order, s.counts) = (order, counts);
         Ok(())
     }
 }

@@ -384,44 +384,48 @@ pub fn matvec_multi(parts: &mut [MatvecPart], x: &[f32], p: Precision) {
     }
 }
 
-/// One product of [`matvec_each`]: a matrix, its bytes, its own input and its output.
-pub struct MatvecJob<'a> {
+/// One product of [`matmul_each`]: a matrix, its bytes, its own activations `x`
+/// `[t, cols]` and its output `y` `[t, rows]`.
+pub struct MatmulJob<'a> {
     pub m: &'a Matrix,
     pub bytes: &'a [u8],
     pub x: &'a [f32],
+    pub t: usize,
     pub y: &'a mut [f32],
 }
 
 thread_local! {
-    /// Quantized activations of [`matvec_each`]'s jobs, one buffer per job, reused.
+    /// Quantized activations of [`matmul_each`]'s jobs, one buffer per job, reused.
     static EACH_QACTS: RefCell<Vec<QuantizedActs>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Matrix-vector products with inputs of their own (the experts a MoE token chose: each
-/// down projection reads its own expert's activations) as one parallel section, so that
-/// many small products do not each wake the pool. The results are those of
-/// [`matvec_with`] on each job.
-pub fn matvec_each(jobs: &mut [MatvecJob], p: Precision) {
+/// Products with activations of their own (the experts of a MoE layer, each over the
+/// tokens routed to it) as one parallel section, so that many small products do not
+/// each wake the pool. The results are those of [`matmul_with`] on each job.
+pub fn matmul_each(jobs: &mut [MatmulJob], p: Precision) {
     for j in jobs.iter() {
-        assert_eq!(j.x.len(), j.m.cols, "activations must be [cols]");
-        assert_eq!(j.y.len(), j.m.rows, "output must be [rows]");
+        assert_eq!(j.x.len(), j.t * j.m.cols, "activations must be [t, cols]");
+        assert_eq!(j.y.len(), j.t * j.m.rows, "output must be [t, rows]");
         assert_eq!(j.bytes.len(), j.m.nbytes, "bytes of another tensor");
     }
-    let exact = |jobs: &mut [MatvecJob]| {
-        jobs.par_iter_mut().for_each(|j| {
-            if j.m.rows > 0 {
-                matvec_impl(j.m, j.bytes, Acts::F32(j.x), j.y)
-            }
-        })
-    };
+    fn one(j: &mut MatmulJob, acts: Acts) {
+        if j.m.rows == 0 || j.t == 0 {
+            return;
+        }
+        if j.t == 1 {
+            matvec_impl(j.m, j.bytes, acts, j.y)
+        } else {
+            matmul_impl(j.m, j.bytes, acts, j.t, j.y)
+        }
+    }
     if p == Precision::Exact || jobs.iter().all(|j| int_order(j.m).is_none()) {
-        return exact(jobs);
+        return jobs.par_iter_mut().for_each(|j| one(j, Acts::F32(j.x)));
     }
     EACH_QACTS.with(|cell| {
         let Ok(mut qas) = cell.try_borrow_mut() else {
-            // Called from inside another `matvec_each` (a stolen task): one at a time.
+            // Called from inside another `matmul_each` (a stolen task): one at a time.
             for j in jobs.iter_mut() {
-                matvec_with(j.m, j.bytes, j.x, j.y, p);
+                matmul_with(j.m, j.bytes, j.x, j.t, j.y, p);
             }
             return;
         };
@@ -434,19 +438,16 @@ pub fn matvec_each(jobs: &mut [MatvecJob], p: Precision) {
                     let l = Q8Layout::new(j.m.geom);
                     &j.bytes[l.col_field..l.col_field + 2 * j.m.cols]
                 });
-                qa.fill(j.x, 1, j.m.cols, col, order);
+                qa.fill(j.x, j.t, j.m.cols, col, order);
             }
         }
         jobs.par_iter_mut().zip(qas.par_iter()).for_each(|(j, qa)| {
-            if j.m.rows == 0 {
-                return;
-            }
             let acts = if int_order(j.m).is_some() {
                 Acts::Int(qa)
             } else {
                 Acts::F32(j.x)
             };
-            matvec_impl(j.m, j.bytes, acts, j.y)
+            one(j, acts)
         });
     })
 }
