@@ -262,7 +262,8 @@ impl Attention {
     }
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+/// A dot product in eight lanes (vectorises; the summation order is fixed).
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = ac

@@ -511,9 +511,7 @@ impl GatedDeltaNet {
     }
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
+use super::attention::dot;
 
 /// One head's chunk of `n` tokens (q, k, v, β, g gathered in `hs`) against its state
 /// `st` [dk, dv]; the outputs go to `hs.out` [n, dv] and `st` advances by the chunk.
