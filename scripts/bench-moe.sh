@@ -101,9 +101,19 @@ fi
 CORTIQ_VERSION="$("$CORTIQ" --version 2>/dev/null || echo cortiq) ($(basename "$CORTIQ"))"
 
 # ---- 1. checkpoint -----------------------------------------------------------------------
+# Only while a conversion is missing: once every file exists the checkpoint (9.8 GB at full
+# size) may be deleted; its config.json is kept beside the results.
 HF="$W/hf"
-log "checkpoint $HF (${SHAPE[*]})"
-$N python3 scripts/make_moe_checkpoint.py "$HF" "${SHAPE[@]}" >&2
+need_ckpt=0
+for b in $BITS; do
+  case $b in 8) q=q8 g=Q8_0 ;; 4) q=q4 g=Q4_0 ;; *) echo "BITS: 8 and/or 4" >&2; exit 2 ;; esac
+  [ -f "$W/moe-$q.cmf" ] && [ -f "$W/moe-$g.gguf" ] || need_ckpt=1
+done
+if [ "$need_ckpt" = 1 ] || [ ! -f "$W/config.json" ]; then
+  log "checkpoint $HF (${SHAPE[*]})"
+  $N python3 scripts/make_moe_checkpoint.py "$HF" "${SHAPE[@]}" >&2
+  cp "$HF/config.json" "$W/config.json"
+fi
 
 # ---- 2. conversions ----------------------------------------------------------------------
 declare -A CMF_Q=([8]=q8 [4]=q4) GGML_Q=([8]=Q8_0 [4]=Q4_0)
@@ -241,10 +251,10 @@ python3 - "$RAW" "$W" "$SIZE" "$HF" "$THREADS" "$PROMPT" "$TOKENS" "$CORTIQ_VERS
 import json, os, statistics, sys, glob, platform
 raw, w, size, hf, threads, prompt, tokens, cortiq_version, lcpp, llama_cmd, tag = sys.argv[1:]
 rows = [json.loads(l) for l in open(raw) if l.strip()]
-cfg = json.load(open(os.path.join(hf, "config.json")))
+cfg = json.load(open(os.path.join(w, "config.json")))
 med = lambda xs: statistics.median(xs) if xs else None
 files = {os.path.basename(p): os.path.getsize(p) for p in sorted(glob.glob(os.path.join(w, "moe-*.cmf")) + glob.glob(os.path.join(w, "moe-*.gguf")))}
-ckpt = sum(os.path.getsize(p) for p in glob.glob(os.path.join(hf, "*.safetensors")))
+ckpt = sum(os.path.getsize(p) for p in glob.glob(os.path.join(hf, "*.safetensors"))) or None
 times = {}
 for p in glob.glob(os.path.join(w, "*.time")):
     times[os.path.basename(p)[:-5]] = open(p).read().strip().splitlines()[-1]
@@ -288,7 +298,7 @@ P(f"MoE benchmark ({size}): qwen3_moe, {m['num_hidden_layers']} layers, hidden {
   f"{threads} threads, prefill {prompt} tokens, decode {tokens} tokens")
 P(f"cortiq: {cortiq_version}; llama.cpp: {result['llama_cpp']} ({llama_cmd}); CPU: {cpu}")
 P("")
-P("Files: " + ", ".join(f"{k} {v / 1e9:.3f} GB" for k, v in files.items()) + f"; checkpoint (f16) {ckpt / 1e9:.3f} GB")
+P("Files: " + ", ".join(f"{k} {v / 1e9:.3f} GB" for k, v in files.items()) + (f"; checkpoint (f16) {ckpt / 1e9:.3f} GB" if ckpt else ""))
 if times:
     P("Conversion: " + "; ".join(f"{k} {v}" for k, v in sorted(times.items())))
 P("")
