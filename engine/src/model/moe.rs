@@ -343,8 +343,7 @@ impl Moe {
         // Σ wₑ·FFNₑ(x) per token, experts in index order, then the shared expert.
         out[..t * hidden].fill(0.0);
         for (e, m) in self.experts.iter().enumerate() {
-            for r in counts[e]..counts[e + 1] {
-                let (tok, w) = order[r];
+            for (r, &(tok, w)) in order.iter().enumerate().take(counts[e + 1]).skip(counts[e]) {
                 let y = &mut s.y[r * hidden..(r + 1) * hidden];
                 m.down.add_bias_to(y);
                 let tok = tok as usize;
