@@ -484,18 +484,7 @@ fn layer_summary(map: &LayerMap) -> Vec<String> {
         .summary()
         .unwrap_or_else(|| "no decoder layers (model.layers.N.*) in the directory".into())];
     v.extend(map.mtp_summary());
-    let odd: Vec<String> = map
-        .layers
-        .iter()
-        .filter(|l| l.contradicts_declared())
-        .map(|l| format!("L{}", l.index))
-        .collect();
-    if !odd.is_empty() {
-        v.push(format!(
-            "arch.layer_types disagrees with the tensors on {}",
-            odd.join(", ")
-        ));
-    }
+    v.extend(map.contradiction());
     v
 }
 

@@ -614,20 +614,8 @@ impl Info {
         if let Some(m) = map.mtp_summary() {
             t.pair("mtp", m);
         }
-        let odd: Vec<String> = map
-            .layers
-            .iter()
-            .filter(|l| l.contradicts_declared())
-            .map(|l| format!("L{}", l.index))
-            .collect();
-        if !odd.is_empty() {
-            t.pair(
-                "note",
-                format!(
-                    "arch.layer_types disagrees with the tensors on {}",
-                    odd.join(", ")
-                ),
-            );
+        if let Some(note) = map.contradiction() {
+            t.pair("note", note);
         }
         for r in layers::runs(&map.layers) {
             t.pair(r.name(), r.label);

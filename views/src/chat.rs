@@ -1171,28 +1171,7 @@ mod tests {
 
     /// The screen as text, trailing spaces trimmed per row (wide characters once).
     fn draw(w: u16, h: u16, vm: &ChatVm) -> String {
-        let mut term = Terminal::new(TestBackend::new(w, h)).expect("test terminal");
-        let frame = term
-            .draw(|f| render(f, f.area(), vm, &Theme::plain()))
-            .expect("draw");
-        let buf = frame.buffer;
-        let mut out = String::new();
-        for y in 0..buf.area.height {
-            let mut line = String::new();
-            let mut skip = 0;
-            for x in 0..buf.area.width {
-                if skip > 0 {
-                    skip -= 1;
-                    continue;
-                }
-                let sym = buf[(x, y)].symbol();
-                skip = UnicodeWidthStr::width(sym).saturating_sub(1);
-                line.push_str(sym);
-            }
-            out.push_str(line.trim_end());
-            out.push('\n');
-        }
-        out
+        crate::util::draw_text(w, h, |f| render(f, f.area(), vm, &Theme::plain()))
     }
 
     fn status() -> StatusVm<'static> {

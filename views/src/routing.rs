@@ -546,30 +546,9 @@ fn render_transcript(f: &mut Frame, area: Rect, vm: &RoutingVm, theme: &Theme) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ratatui::backend::TestBackend;
-    use ratatui::Terminal;
 
     fn draw(w: u16, h: u16, render_fn: impl FnOnce(&mut Frame)) -> String {
-        let mut term = Terminal::new(TestBackend::new(w, h)).expect("test terminal");
-        let frame = term.draw(render_fn).expect("draw");
-        let buf = frame.buffer;
-        let mut out = String::new();
-        for y in 0..buf.area.height {
-            let mut line = String::new();
-            let mut skip = 0;
-            for x in 0..buf.area.width {
-                if skip > 0 {
-                    skip -= 1;
-                    continue;
-                }
-                let sym = buf[(x, y)].symbol();
-                skip = UnicodeWidthStr::width(sym).saturating_sub(1);
-                line.push_str(sym);
-            }
-            out.push_str(line.trim_end());
-            out.push('\n');
-        }
-        out
+        crate::util::draw_text(w, h, render_fn)
     }
 
     /// 3 MoE layers of 7 experts, top-2, over a fixed little transcript.

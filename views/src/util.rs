@@ -118,3 +118,31 @@ pub fn scrollbar(
         &mut state,
     );
 }
+
+/// Draws with `render_fn` on a `w × h` test terminal and returns the screen as text, one
+/// line per row with trailing spaces trimmed, a wide character once (widget tests).
+#[cfg(test)]
+pub fn draw_text(w: u16, h: u16, render_fn: impl FnOnce(&mut ratatui::Frame)) -> String {
+    use unicode_width::UnicodeWidthStr;
+    let mut term =
+        ratatui::Terminal::new(ratatui::backend::TestBackend::new(w, h)).expect("test terminal");
+    let frame = term.draw(render_fn).expect("draw");
+    let buf = frame.buffer;
+    let mut out = String::new();
+    for y in 0..buf.area.height {
+        let mut line = String::new();
+        let mut skip = 0;
+        for x in 0..buf.area.width {
+            if skip > 0 {
+                skip -= 1;
+                continue;
+            }
+            let sym = buf[(x, y)].symbol();
+            skip = UnicodeWidthStr::width(sym).saturating_sub(1);
+            line.push_str(sym);
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}

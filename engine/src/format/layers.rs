@@ -468,6 +468,22 @@ impl LayerMap {
     }
 
     /// `MTP head: 1 layer (full·dense 144)`; `None` without a head.
+    /// Where `arch.layer_types` contradicts the tensors, as a sentence naming the layers.
+    pub fn contradiction(&self) -> Option<String> {
+        let odd: Vec<String> = self
+            .layers
+            .iter()
+            .filter(|l| l.contradicts_declared())
+            .map(|l| format!("L{}", l.index))
+            .collect();
+        (!odd.is_empty()).then(|| {
+            format!(
+                "arch.layer_types disagrees with the tensors on {}",
+                odd.join(", ")
+            )
+        })
+    }
+
     pub fn mtp_summary(&self) -> Option<String> {
         let m = self.mtp.as_ref()?;
         if m.tensors == 0 {

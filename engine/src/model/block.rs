@@ -121,6 +121,14 @@ impl DecoderLayer {
         }
     }
 
+    /// The feed-forward's widest product (a MoE layer's widest expert).
+    pub fn ff_width(&self) -> usize {
+        match &self.ff {
+            FeedForward::Dense(m) => m.intermediate(),
+            FeedForward::Moe(m) => m.widest(),
+        }
+    }
+
     pub fn is_linear_attention(&self) -> bool {
         matches!(self.mixer, TokenMixer::GatedDeltaNet(_))
     }

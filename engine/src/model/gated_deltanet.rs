@@ -111,18 +111,18 @@ struct HeadScratch {
 }
 
 impl HeadScratch {
-    fn new(c: &GdnConfig, chunk: usize) -> HeadScratch {
+    fn new(dk: usize, dv: usize, chunk: usize) -> HeadScratch {
         HeadScratch {
-            q: vec![0.0; chunk * c.dk],
-            k: vec![0.0; chunk * c.dk],
-            v: vec![0.0; chunk * c.dv],
+            q: vec![0.0; chunk * dk],
+            k: vec![0.0; chunk * dk],
+            v: vec![0.0; chunk * dv],
             beta: vec![0.0; chunk],
             g: vec![0.0; chunk],
             a: vec![0.0; chunk * chunk],
-            u: vec![0.0; chunk * c.dv],
-            w: vec![0.0; chunk * c.dk],
-            out: vec![0.0; chunk * c.dv],
-            row: vec![0.0; chunk.max(c.dv)],
+            u: vec![0.0; chunk * dv],
+            w: vec![0.0; chunk * dk],
+            out: vec![0.0; chunk * dv],
+            row: vec![0.0; chunk.max(dv)],
         }
     }
 }
@@ -140,28 +140,33 @@ pub struct GdnScratch {
 }
 
 impl GdnScratch {
-    pub fn new(c: &GdnConfig, t_max: usize) -> GdnScratch {
+    /// Buffers for the layers `cfgs` (each size the largest any layer needs), `None`
+    /// without Gated DeltaNet layers.
+    pub fn for_layers<'a>(
+        cfgs: impl Iterator<Item = &'a GdnConfig>,
+        t_max: usize,
+    ) -> Option<GdnScratch> {
         let chunk = t_max.clamp(1, CHUNK);
-        GdnScratch {
-            qkv: vec![0.0; t_max * c.conv_dim()],
-            conv: vec![0.0; t_max * c.conv_dim()],
-            z: vec![0.0; t_max * c.value_dim()],
-            b: vec![0.0; t_max * c.value_heads],
-            a: vec![0.0; t_max * c.value_heads],
-            core: vec![0.0; t_max * c.value_dim()],
-            heads: vec![HeadScratch::new(c, chunk); c.value_heads],
+        let mut any = false;
+        let (mut cd, mut vd, mut nv, mut dk, mut dv) = (0, 0, 0, 0, 0);
+        for c in cfgs {
+            any = true;
+            cd = cd.max(c.conv_dim());
+            vd = vd.max(c.value_dim());
+            nv = nv.max(c.value_heads);
+            dk = dk.max(c.dk);
+            dv = dv.max(c.dv);
         }
-    }
-
-    /// Whether these buffers fit `c` (the workspace is sized for the widest layer).
-    pub fn fits(&self, c: &GdnConfig, t_max: usize) -> bool {
-        self.heads.len() >= c.value_heads
-            && self.qkv.len() >= t_max * c.conv_dim()
-            && self.z.len() >= t_max * c.value_dim()
-            && self.heads.first().is_some_and(|h| {
-                h.q.len() >= t_max.clamp(1, CHUNK) * c.dk
-                    && h.v.len() >= t_max.clamp(1, CHUNK) * c.dv
-            })
+        let head = HeadScratch::new(dk, dv, chunk);
+        any.then(|| GdnScratch {
+            qkv: vec![0.0; t_max * cd],
+            conv: vec![0.0; t_max * cd],
+            z: vec![0.0; t_max * vd],
+            b: vec![0.0; t_max * nv],
+            a: vec![0.0; t_max * nv],
+            core: vec![0.0; t_max * vd],
+            heads: vec![head; nv],
+        })
     }
 }
 

@@ -23,7 +23,7 @@ pub mod state;
 use std::sync::Arc;
 
 use self::attention::{AttentionConfig, AttentionScratch};
-use self::block::{DecoderLayer, FeedForward, LayerScratch, TokenMixer};
+use self::block::{DecoderLayer, LayerScratch, TokenMixer};
 use self::config::{LayerKind, ModelConfig};
 use self::gated_deltanet::{Form, GdnScratch};
 use self::linear::Linear;
@@ -132,24 +132,15 @@ impl Workspace {
         let gated = layers
             .iter()
             .any(|l| matches!(&l.mixer, TokenMixer::Attention(a) if a.output_gate));
-        // The widest Gated DeltaNet layer sizes the shared buffers.
-        let gdn = layers
-            .iter()
-            .filter_map(|l| match &l.mixer {
+        let gdn = GdnScratch::for_layers(
+            layers.iter().filter_map(|l| match &l.mixer {
                 TokenMixer::GatedDeltaNet(g) => Some(&g.cfg),
                 _ => None,
-            })
-            .max_by_key(|g| (g.value_heads * g.dv.max(g.dk), g.conv_dim()))
-            .map(|g| GdnScratch::new(g, t_max));
+            }),
+            t_max,
+        );
         let moes: Vec<_> = layers.iter().filter_map(|l| l.moe()).collect();
-        let widest_mlp = layers
-            .iter()
-            .map(|l| match &l.ff {
-                FeedForward::Dense(m) => m.intermediate(),
-                FeedForward::Moe(m) => m.widest(),
-            })
-            .max()
-            .unwrap_or(0);
+        let widest_mlp = layers.iter().map(|l| l.ff_width()).max().unwrap_or(0);
         let moe = (!moes.is_empty()).then(|| {
             MoeScratch::new(
                 moes.iter().map(|m| m.num_experts()).max().unwrap_or(0),
@@ -252,14 +243,7 @@ impl Model {
         let mut c = c;
         // The widest MLP decides the scratch size (intermediate_size may be absent, and
         // §11 shrinks each layer to its own).
-        c.intermediate = layers
-            .iter()
-            .map(|l| match &l.ff {
-                FeedForward::Dense(m) => m.intermediate(),
-                FeedForward::Moe(m) => m.widest(),
-            })
-            .max()
-            .unwrap_or(0);
+        c.intermediate = layers.iter().map(|l| l.ff_width()).max().unwrap_or(0);
         let mtp = match mtp::MtpHead::load(&root, &c) {
             Ok(head) => head,
             Err(e) => {
@@ -389,13 +373,8 @@ impl Model {
         let h = c.hidden;
         let x = &mut ws.x[..t * h];
 
-        // Embedding (Gemma scales it by √hidden).
         for (i, &id) in tokens.iter().enumerate() {
-            let row = &mut x[i * h..(i + 1) * h];
-            self.embed.row(id as usize, row);
-            if let Some(m) = c.embed_multiplier {
-                row.iter_mut().for_each(|v| *v *= m);
-            }
+            self.embed_token(id, &mut x[i * h..(i + 1) * h]);
         }
         if let Some(hs) = hidden.as_deref_mut() {
             hs.extend_from_slice(x);
@@ -445,17 +424,29 @@ impl Model {
         if let Some(hs) = hidden {
             hs.extend_from_slice(normed);
         }
-        let n = rows.len();
-        if ws.logits.len() != n * c.vocab {
-            ws.logits.resize(n * c.vocab, 0.0);
-        }
-        self.lm_head
-            .forward(&normed[rows.start * h..rows.end * h], n, &mut ws.logits);
-        if let Some(cap) = c.final_softcap {
-            ws.logits
-                .iter_mut()
-                .for_each(|v| *v = (*v / cap).tanh() * cap);
-        }
+        self.logits_of(&normed[rows.start * h..rows.end * h], &mut ws.logits);
         Ok(())
+    }
+
+    /// Token `id`'s embedding into `out` [hidden] (Gemma scales it by √hidden).
+    pub fn embed_token(&self, id: u32, out: &mut [f32]) {
+        self.embed.row(id as usize, out);
+        if let Some(m) = self.config.embed_multiplier {
+            out.iter_mut().for_each(|v| *v *= m);
+        }
+    }
+
+    /// The LM head over final-normed rows `normed` [n, hidden] into `logits` [n, vocab]
+    /// (resized if needed), soft-capped where the arch says so.
+    pub fn logits_of(&self, normed: &[f32], logits: &mut Vec<f32>) {
+        let c = &self.config;
+        let n = normed.len() / c.hidden;
+        if logits.len() != n * c.vocab {
+            logits.resize(n * c.vocab, 0.0);
+        }
+        self.lm_head.forward(normed, n, logits);
+        if let Some(cap) = c.final_softcap {
+            logits.iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
+        }
     }
 }

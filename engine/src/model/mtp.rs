@@ -120,10 +120,7 @@ impl MtpHead {
         }
         for (i, &id) in next.iter().enumerate() {
             let cat = &mut s.cat[i * 2 * h..(i + 1) * 2 * h];
-            model.embed.row(id as usize, &mut s.row);
-            if let Some(m) = c.embed_multiplier {
-                s.row.iter_mut().for_each(|v| *v *= m);
-            }
+            model.embed_token(id, &mut s.row);
             let (e, hn) = cat.split_at_mut(h);
             self.enorm.forward(&s.row, e);
             self.hnorm.forward(&hidden[i * h..(i + 1) * h], hn);
@@ -150,15 +147,7 @@ impl MtpHead {
         let last = &x[(t - 1) * h..t * h];
         let normed = &mut ws.layer.h[..h];
         self.norm.forward(last, normed);
-        if ws.logits.len() != c.vocab {
-            ws.logits.resize(c.vocab, 0.0);
-        }
-        model.lm_head.forward(normed, 1, &mut ws.logits);
-        if let Some(cap) = c.final_softcap {
-            ws.logits
-                .iter_mut()
-                .for_each(|v| *v = (*v / cap).tanh() * cap);
-        }
+        model.logits_of(normed, &mut ws.logits);
         Ok(())
     }
 }

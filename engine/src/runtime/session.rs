@@ -559,26 +559,11 @@ impl Generation<'_> {
             let t = Instant::now();
             let end = self.session.chunk_end(self.prefilled, total);
             let chunk = &self.pending[self.prefilled..end];
-            let r = self.session.model.forward(
-                chunk,
-                &mut self.session.cache,
-                &mut self.session.ws,
-                if end == total {
-                    Logits::Last
-                } else {
-                    Logits::None
-                },
-                None,
-            );
+            let r = self.session.prefill_chunk(chunk, end == total);
             self.prefill_time += t.elapsed();
             if let Err(e) = r {
                 return Err(fail(self, e));
             }
-            let n = chunk.len();
-            let pos0 = self.session.tokens.len();
-            self.session.tokens.extend_from_slice(chunk);
-            self.session.log_forward(0..n);
-            self.session.keep_hidden(pos0, 0..n);
             self.prefilled = end;
             return Ok(Step::Prefill { done: end, total });
         }
