@@ -31,9 +31,20 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    /// The fastest kernel this CPU runs (detected at run time).
+    /// The fastest kernel this CPU runs (detected at run time), or a lower one when
+    /// `CORTIQ_KERNEL=scalar|avx2|avx512` asks for it (to measure each SIMD level; a
+    /// level the CPU lacks is never chosen).
     pub fn detect() -> Kernel {
-        if Kernel::Avx512.is_available() {
+        // Read once: every matrix of a model asks at load.
+        static CAP: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+        let cap = *CAP.get_or_init(|| match std::env::var("CORTIQ_KERNEL").as_deref() {
+            Ok("scalar") => Kernel::Scalar,
+            Ok("avx2") => Kernel::Avx2,
+            _ => Kernel::Avx512,
+        });
+        if cap == Kernel::Avx512 && Kernel::Avx512.is_available() {
+            Kernel::Avx512
+        } else if cap != Kernel::Scalar && Kernel::Avx2.is_available() {
             Kernel::Avx512
         } else if Kernel::Avx2.is_available() {
             Kernel::Avx2
