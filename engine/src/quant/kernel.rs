@@ -45,8 +45,6 @@ impl Kernel {
         if cap == Kernel::Avx512 && Kernel::Avx512.is_available() {
             Kernel::Avx512
         } else if cap != Kernel::Scalar && Kernel::Avx2.is_available() {
-            Kernel::Avx512
-        } else if Kernel::Avx2.is_available() {
             Kernel::Avx2
         } else {
             Kernel::Scalar
