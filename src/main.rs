@@ -67,6 +67,14 @@ enum Command {
     Prompt(cli::prompt::Args),
     /// Convert a Hugging Face checkpoint directory into a CMF file.
     Convert(cli::convert::Args),
+    /// Remove a task mask's dead FFN neurons from the file (§11).
+    Defrag(cli::defrag::Args),
+    /// Keep only the experts a workload routes to (route stats or a task's expert fields, §11.1).
+    MoeDefrag(cli::moe_defrag::Args),
+    /// Add a task mask whose expert fields come from route stats (§5).
+    MoeMask(cli::moe_mask::Args),
+    /// Re-encode chosen tensors into another dtype, copying the rest unchanged (§3.1).
+    Requant(cli::requant::Args),
     /// Skills: list, export to a standalone skill file, apply one, add one (append-only).
     #[command(subcommand)]
     Skill(cli::skill::Command),
@@ -108,6 +116,10 @@ impl Command {
             Command::ImportGguf(a) => a.json,
             Command::Prompt(a) => a.json,
             Command::Convert(a) => a.json,
+            Command::Defrag(a) => a.json,
+            Command::MoeDefrag(a) => a.json,
+            Command::MoeMask(a) => a.json,
+            Command::Requant(a) => a.json,
             Command::Skill(c) => c.json(),
             Command::Demo(a) => a.json,
             Command::Logits(a) => a.json,
@@ -131,6 +143,10 @@ impl Command {
             Command::ImportGguf(a) => cli::import_gguf::run(a),
             Command::Prompt(a) => cli::prompt::run(a),
             Command::Convert(a) => cli::convert::run(a),
+            Command::Defrag(a) => cli::defrag::run(a),
+            Command::MoeDefrag(a) => cli::moe_defrag::run(a),
+            Command::MoeMask(a) => cli::moe_mask::run(a),
+            Command::Requant(a) => cli::requant::run(a),
             Command::Skill(c) => cli::skill::run(c),
             Command::Demo(a) => cli::demo::run(a),
             Command::Logits(a) => cli::logits::run(a),

@@ -27,9 +27,8 @@ pub struct Args {
     /// Output file (sharded outputs are named OUT-00001-of-0000N.cmf).
     #[arg(short, long)]
     pub output: PathBuf,
-    /// vbit: mean code bits per weight, in [3, 8].
-    #[arg(long)]
-    pub mean_bits: Option<f32>,
+    #[command(flatten)]
+    pub vbit: super::requant::VbitArgs,
     /// Dtype for a matrix the chosen codec cannot hold (cols % 32 != 0); default q8_row.
     #[arg(long)]
     pub fallback: Option<String>,
@@ -47,7 +46,7 @@ pub struct Args {
 
 /// `--quant` name → dtype; `vbit` means the row-offset variant, the converter default
 /// of spec §3.1.
-fn parse_quant(name: &str) -> Result<DType, CliError> {
+pub(crate) fn parse_quant(name: &str) -> Result<DType, CliError> {
     let d = DType::from_name(name).filter(|d| !d.is_reserved());
     match d {
         Some(DType::Vbit) => Ok(DType::VbitRo),
@@ -73,17 +72,7 @@ fn hf_error(e: HfError) -> CliError {
 pub fn run(args: &Args) -> CmdResult {
     let quant = parse_quant(&args.quant)?;
     let mut opts = ConvertOptions::new(quant);
-    if let Some(b) = args.mean_bits {
-        if !matches!(quant, DType::Vbit | DType::VbitRo) {
-            return Err(CliError::usage("--mean-bits applies to --quant vbit only"));
-        }
-        if !(3.0..=8.0).contains(&b) {
-            return Err(CliError::usage(format!(
-                "--mean-bits must lie in [3, 8], got {b}"
-            )));
-        }
-        opts.encode.mean_bits = Some(b);
-    }
+    (opts.encode.mean_bits, opts.b_field) = args.vbit.resolve(quant)?;
     if let Some(f) = &args.fallback {
         opts.fallback = Some(parse_quant(f)?);
     }

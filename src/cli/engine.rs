@@ -64,6 +64,8 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>, CliError> {
 pub fn model_error(path: &Path, e: &ModelError) -> CliError {
     let code = match e {
         ModelError::TokenOutOfRange { .. } | ModelError::ContextFull { .. } => 2,
+        // An unknown task or skill is the user's request, not the file's fault.
+        ModelError::UnknownChoice(_) => 2,
         _ => 1,
     };
     CliError {

@@ -11,8 +11,12 @@ use cortiq_engine::chat::conversation::{
     Conversation, ConversationError, ReplyStep, SavedSession, Settings,
 };
 use cortiq_engine::chat::ChatBundle;
+use cortiq_engine::model::Model;
+use cortiq_engine::runtime::choice::{resolve, Request, Resolved, SkillRequest};
 use cortiq_engine::runtime::sampler::SamplingParams;
-use cortiq_engine::runtime::session::{GenerateParams, GenerationStats, Session, Step};
+use cortiq_engine::runtime::session::{
+    label_of, GenerateParams, GenerationStats, Session, Step, SwitchPolicy, SwitchReport,
+};
 use serde_json::{json, Map, Value};
 
 use super::common::{emit, esc, esc_path, print_json, CliError, CmdResult, Status};
@@ -77,8 +81,125 @@ pub struct Args {
     /// `moe-defrag` read it). Written at the end, atomically.
     #[arg(long, value_name = "FILE.json")]
     pub route_stats: Option<std::path::PathBuf>,
+    /// Run under this task mask (§5; `cortiq masks FILE` lists them). In the chat,
+    /// `/task NAME` switches.
+    #[arg(long, value_name = "NAME")]
+    pub task: Option<String>,
+    /// Read a skill's tensors (§9): a skill id, `none`, `auto` (recon-argmin routing on
+    /// the prompt, or on each new message in the chat) or `blend[:T]` (a soft mix
+    /// `Σ wᵢ·Tᵢ`, `wᵢ = softmax(−Eᵢ/T)`, T default 0.5). In the chat, `/skill` switches.
+    #[arg(long, value_name = "ID|none|auto|blend[:T]")]
+    pub skill: Option<String>,
+    /// What a switch in the chat does to the conversation already cached: `reprefill`
+    /// (computes it again under the new choice: exact) or `keep` (keeps it: fast, but
+    /// approximate, since it was computed under the old choice).
+    #[arg(long, value_name = "reprefill|keep", default_value = "reprefill")]
+    pub switch: String,
     #[arg(long)]
     pub json: bool,
+}
+
+/// The task and skill the user asked for, and what switching does.
+struct Choosing {
+    req: Request,
+    policy: SwitchPolicy,
+    /// Warnings already printed (each once).
+    warned: std::collections::BTreeSet<String>,
+}
+
+impl Choosing {
+    fn from_args(a: &Args) -> Result<Choosing, CliError> {
+        Ok(Choosing {
+            req: Request {
+                task: a.task.clone(),
+                skill: match &a.skill {
+                    Some(s) => SkillRequest::parse(s)
+                        .map_err(|e| CliError::usage(format!("--skill: {e}")))?,
+                    None => SkillRequest::None,
+                },
+            },
+            policy: parse_policy(&a.switch).map_err(CliError::usage)?,
+            warned: Default::default(),
+        })
+    }
+
+    fn is_plain(&self) -> bool {
+        self.req == Request::default()
+    }
+
+    /// Resolves the request for `prompt` (raw tokens of what the user asks); prints its
+    /// warnings once each.
+    fn resolve(&mut self, a: &Args, model: &Model, prompt: &[u32]) -> Result<Resolved, CliError> {
+        let r = resolve(model, &self.req, prompt).map_err(|e| model_error(&a.model.file, &e))?;
+        for w in &r.warnings {
+            if self.warned.insert(w.clone()) {
+                eprintln!("cortiq: warning: {w}");
+            }
+        }
+        if r.blend_bytes > 0 && !a.json {
+            eprintln!(
+                "cortiq: skill blend: {} of weights materialised",
+                super::common::human_bytes(r.blend_bytes as u64)
+            );
+        }
+        Ok(r)
+    }
+}
+
+fn parse_policy(s: &str) -> Result<SwitchPolicy, String> {
+    match s {
+        "reprefill" | "exact" => Ok(SwitchPolicy::Reprefill),
+        "keep" | "keep-cache" => Ok(SwitchPolicy::KeepCache),
+        _ => Err(format!("switch policy {s:?}: expected reprefill or keep")),
+    }
+}
+
+/// Raw tokens of `text` (what routing scores): no template, no special tokens.
+fn routing_ids(bundle: &ChatBundle, text: &str) -> Vec<u32> {
+    bundle
+        .tokenizer()
+        .and_then(|t| t.encode(text, false).ok())
+        .unwrap_or_default()
+}
+
+/// Resolves the choice for the last user message and switches the conversation when it
+/// changes; says so in the chat.
+fn choose_for_turn(
+    a: &Args,
+    conv: &mut Conversation,
+    choosing: &mut Choosing,
+    announce: bool,
+) -> Result<(), CliError> {
+    if choosing.is_plain() && conv.session().active_label() == "backbone" {
+        return Ok(());
+    }
+    let text = conv.last_user().unwrap_or_default().to_string();
+    let ids = routing_ids(conv.bundle(), &text);
+    let model = conv.model().clone();
+    let r = choosing.resolve(a, &model, &ids)?;
+    let label = label_of(&model, &r.active);
+    if label == conv.session().active_label() {
+        return Ok(());
+    }
+    let report = conv
+        .switch(r.active, choosing.policy)
+        .map_err(|e| conversation_error(a, e))?;
+    if announce {
+        eprintln!("{}", switch_line(&report));
+    }
+    Ok(())
+}
+
+/// `[── task code (re-prefilled 120 positions in 0.08 s) ──]`
+fn switch_line(r: &SwitchReport) -> String {
+    let how = match r.policy {
+        SwitchPolicy::KeepCache => format!("cache kept: {} positions from {}", r.kept, r.from),
+        SwitchPolicy::Reprefill => format!(
+            "re-prefilled {} positions in {:.2} s",
+            r.recomputed, r.elapsed_s
+        ),
+    };
+    format!("[── {} ({how}) ──]", r.to)
 }
 
 impl Args {
@@ -223,8 +344,17 @@ pub fn run(a: &Args) -> CmdResult {
         )));
     }
 
+    let mut choosing = Choosing::from_args(a)?;
     if a.ids.is_some() || (a.prompt.is_some() && a.raw) {
-        return one_shot_raw(a, &model, &bundle, &settings, context, &interrupt);
+        return one_shot_raw(
+            a,
+            &model,
+            &bundle,
+            &settings,
+            context,
+            &interrupt,
+            &mut choosing,
+        );
     }
     let mut conv = Conversation::new(model.clone(), bundle.clone(), context, settings).map_err(
         |e| match e {
@@ -243,6 +373,7 @@ pub fn run(a: &Args) -> CmdResult {
     }
     if let Some(p) = &a.prompt {
         conv.push_user(p.as_str());
+        choose_for_turn(a, &mut conv, &mut choosing, false)?;
         let stream = !a.json;
         let (ids, text, stats) = answer(a, &mut conv, &interrupt, stream, false)?;
         write_route_stats(a, conv.session())?;
@@ -257,7 +388,14 @@ pub fn run(a: &Args) -> CmdResult {
             eprintln!("cortiq: warning: {w}");
         }
     }
-    let r = chat_loop(a, &mut conv, &interrupt);
+    if !choosing.req.skill.needs_prompt() && !choosing.is_plain() {
+        // A fixed choice holds from the first turn (and unknown names fail before it).
+        let model = conv.model().clone();
+        let r = choosing.resolve(a, &model, &[])?;
+        conv.switch(r.active, SwitchPolicy::Reprefill)
+            .map_err(|e| conversation_error(a, e))?;
+    }
+    let r = chat_loop(a, &mut conv, &interrupt, &mut choosing);
     write_route_stats(a, conv.session())?;
     r
 }
@@ -296,6 +434,7 @@ fn one_shot_raw(
     settings: &Settings,
     context: usize,
     interrupt: &Interrupt,
+    choosing: &mut Choosing,
 ) -> CmdResult {
     let prompt_ids = if let Some(ids) = &a.ids {
         parse_ids(ids)?
@@ -322,6 +461,12 @@ fn one_shot_raw(
     }
     if a.route_stats.is_some() {
         session.log_routes();
+    }
+    if !choosing.is_plain() {
+        let r = choosing.resolve(a, model, &prompt_ids)?;
+        session
+            .switch(r.active, SwitchPolicy::Reprefill)
+            .map_err(|e| model_error(&a.model.file, &e))?;
     }
     let mut printer = bundle.tokenizer().map(|t| t.stream(true));
     let mut text = String::new();
@@ -374,9 +519,19 @@ const CHAT_HELP: &str = "commands:
   /save FILE          save the session (messages, settings, generated ids) as JSON
   /load FILE          continue a saved session
   /replay             generate every answer of the conversation again and compare the ids
+  /task NAME|none     run under a task mask from the next answer on
+  /skill ID|none|auto|blend[:T]
+                      read a skill's tensors (auto: routed on each message)
+  /switch keep|reprefill
+                      what a switch does with the cached conversation
   /exit               quit (also Ctrl-D)";
 
-fn chat_loop(a: &Args, conv: &mut Conversation, interrupt: &Interrupt) -> CmdResult {
+fn chat_loop(
+    a: &Args,
+    conv: &mut Conversation,
+    interrupt: &Interrupt,
+    choosing: &mut Choosing,
+) -> CmdResult {
     let interactive = std::io::stdin().is_terminal();
     if interactive {
         eprintln!(
@@ -402,7 +557,7 @@ fn chat_loop(a: &Args, conv: &mut Conversation, interrupt: &Interrupt) -> CmdRes
         if text.trim().is_empty() {
             continue;
         }
-        let retry = match command(a, conv, text.trim()) {
+        let retry = match command(a, conv, text.trim(), choosing) {
             Command::Message => false,
             Command::Retry => true,
             Command::Done(msg) => {
@@ -415,6 +570,13 @@ fn chat_loop(a: &Args, conv: &mut Conversation, interrupt: &Interrupt) -> CmdRes
         };
         if !retry {
             conv.push_user(text);
+        }
+        if let Err(e) = choose_for_turn(a, conv, choosing, true) {
+            eprintln!("[{}]", e.message);
+            let mut msgs = conv.messages().to_vec();
+            msgs.pop();
+            conv.set_messages(msgs);
+            continue;
         }
         match answer(a, conv, interrupt, true, retry) {
             Ok((_, _, stats)) => {
@@ -451,7 +613,7 @@ enum Command {
 }
 
 /// `/commands` of the line chat.
-fn command(a: &Args, conv: &mut Conversation, text: &str) -> Command {
+fn command(a: &Args, conv: &mut Conversation, text: &str, choosing: &mut Choosing) -> Command {
     let Some(rest) = text.strip_prefix('/') else {
         return Command::Message;
     };
@@ -461,6 +623,41 @@ fn command(a: &Args, conv: &mut Conversation, text: &str) -> Command {
     let done = |s: String| Command::Done(s);
     match name {
         "exit" | "quit" => Command::Exit,
+        "task" | "skill" | "switch" if !arg.is_empty() => {
+            let mut next = choosing.req.clone();
+            match name {
+                "task" => next.task = (arg != "none").then(|| arg.to_string()),
+                "skill" => match SkillRequest::parse(arg) {
+                    Ok(s) => next.skill = s,
+                    Err(e) => return done(format!("[/skill: {e}]")),
+                },
+                _ => {
+                    return match parse_policy(arg) {
+                        Ok(p) => {
+                            choosing.policy = p;
+                            done(format!("[switches: {arg}]"))
+                        }
+                        Err(e) => done(format!("[/switch: {e}]")),
+                    }
+                }
+            }
+            let prev = std::mem::replace(&mut choosing.req, next);
+            if choosing.req.skill.needs_prompt() {
+                return done("[the skill is chosen on each message]".into());
+            }
+            let model = conv.model().clone();
+            let switched = choosing.resolve(a, &model, &[]).and_then(|r| {
+                conv.switch(r.active, choosing.policy)
+                    .map_err(|e| conversation_error(a, e))
+            });
+            match switched {
+                Ok(report) => done(switch_line(&report)),
+                Err(e) => {
+                    choosing.req = prev;
+                    done(format!("[/{name}: {}]", e.message))
+                }
+            }
+        }
         "help" | "?" => done(CHAT_HELP.into()),
         "reset" | "clear" => {
             conv.reset();

@@ -15,10 +15,12 @@ use serde_json::{json, Map, Value};
 use super::template::RenderOptions;
 use super::tokenizer::TextStream;
 use super::{ChatBundle, ChatError};
+use crate::model::select::Active;
 use crate::model::{Model, ModelError, Precision};
 use crate::runtime::sampler::SamplingParams;
 use crate::runtime::session::{
-    GenerateParams, Generation, GenerationStats, Session, Step, StopReason, TokenStep,
+    GenerateParams, Generation, GenerationStats, Session, Step, StopReason, SwitchPolicy,
+    SwitchReport, TokenStep,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +48,10 @@ pub struct Message {
     pub ids: Vec<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<StopReason>,
+    /// The task mask and skill an answer was generated under (its label), when not the
+    /// backbone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choice: Option<String>,
 }
 
 impl Message {
@@ -55,8 +61,16 @@ impl Message {
             content: text.into(),
             ids: Vec::new(),
             stop: None,
+            choice: None,
         }
     }
+}
+
+/// A switch of task mask or skill in the transcript: before message `before`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SwitchMark {
+    pub before: usize,
+    pub report: SwitchReport,
 }
 
 /// Why a turn could not start or went wrong.
@@ -117,6 +131,7 @@ pub struct Conversation {
     session: Session,
     pub settings: Settings,
     messages: Vec<Message>,
+    switches: Vec<SwitchMark>,
 }
 
 /// What one [`Reply::next`] did.
@@ -152,7 +167,34 @@ impl Conversation {
             bundle,
             settings,
             messages: Vec::new(),
+            switches: Vec::new(),
         })
+    }
+
+    /// Switches task mask and skill between turns (see [`Session::switch`]); the switch
+    /// is marked in the transcript before the next message.
+    pub fn switch(
+        &mut self,
+        active: Active,
+        policy: SwitchPolicy,
+    ) -> Result<SwitchReport, ConversationError> {
+        let report =
+            self.session
+                .switch(active, policy)
+                .map_err(|error| ConversationError::Model {
+                    error,
+                    partial: Vec::new(),
+                })?;
+        self.switches.push(SwitchMark {
+            before: self.messages.len(),
+            report: report.clone(),
+        });
+        Ok(report)
+    }
+
+    /// Every switch so far, in order.
+    pub fn switches(&self) -> &[SwitchMark] {
+        &self.switches
     }
 
     pub fn bundle(&self) -> &ChatBundle {
@@ -197,6 +239,7 @@ impl Conversation {
     /// Forgets the messages (the system prompt stays) and empties the cache.
     pub fn reset(&mut self) {
         self.messages.clear();
+        self.switches.clear();
         self.session.reset();
     }
 
@@ -292,6 +335,7 @@ impl Conversation {
             },
         };
         let tokenizer = self.bundle.tokenizer().ok_or(ChatError::NoTokenizer)?;
+        let choice = Some(self.session.active_label().to_string()).filter(|l| l != "backbone");
         let generation =
             self.session
                 .start(prompt, &params)
@@ -305,6 +349,7 @@ impl Conversation {
             text: String::new(),
             messages: &mut self.messages,
             recorded: false,
+            choice,
         })
     }
 }
@@ -317,6 +362,7 @@ pub struct Reply<'c> {
     text: String,
     messages: &'c mut Vec<Message>,
     recorded: bool,
+    choice: Option<String>,
 }
 
 impl Reply<'_> {
@@ -404,6 +450,7 @@ impl Reply<'_> {
             content: self.text.clone(),
             ids: self.generation.output().to_vec(),
             stop: Some(stop),
+            choice: self.choice.clone(),
         });
         rest.map(|_| ())
     }

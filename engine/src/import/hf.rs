@@ -1137,6 +1137,9 @@ pub struct ConvertOptions {
     /// the model in bf16 (`--embed-scale-bf16`). Off: the exact f32 value, which
     /// transformers in f32 and llama.cpp use.
     pub embed_scale_bf16: bool,
+    /// The §3.2 B-field (`--route-stats`): routed experts' selection frequencies, which
+    /// scale their row magnitudes when a `vbit` family budget is water-filled.
+    pub b_field: Option<super::bfield::BField>,
 }
 
 impl ConvertOptions {
@@ -1148,6 +1151,7 @@ impl ConvertOptions {
             shard_max_bytes: None,
             source_label: None,
             embed_scale_bf16: false,
+            b_field: None,
         }
     }
 }
@@ -1163,7 +1167,7 @@ pub struct Fallback {
 /// Tensors a quantizer must not touch: the MoE router and shared-expert gate decide which
 /// weights run at all, and Gated DeltaNet's `a`/`b` projections drive its decay and
 /// write strength; the reference converter keeps them f16 too.
-fn precision_sensitive(name: &str) -> bool {
+pub(crate) fn precision_sensitive(name: &str) -> bool {
     name.ends_with(".mlp.gate.weight")
         || name.ends_with(".shared_expert_gate.weight")
         || name.ends_with(".linear_attn.in_proj_a.weight")
@@ -1327,6 +1331,12 @@ pub fn plan(ck: &Checkpoint, opts: &ConvertOptions) -> Result<ConvertPlan> {
             "vbit_budget".into(),
             json!("shared by the routed experts of each layer and projection (§3.2)"),
         );
+        if let Some(b) = &opts.b_field {
+            options.insert(
+                "vbit_b_field".into(),
+                json!({"source": "route stats", "tokens": b.tokens}),
+            );
+        }
     }
     let mut provenance = Map::new();
     provenance.insert("tool".into(), json!("cortiq convert"));
@@ -1421,15 +1431,19 @@ fn expert_widths(
                 }
             })
             .collect::<Result<_>>()?;
-        let all: Vec<f64> = magnitudes.iter().flatten().copied().collect();
         let dtype = plan.spec.tensors[members[0]].dtype;
         let budget = quant::vbit_budget(dtype, &opts.encode).map_err(|source| HfError::Quant {
             tensor: plan.spec.tensors[members[0]].name.clone(),
             source,
         })?;
-        let mut bits = quant::vbit::allocate_bits(&all, budget).into_iter();
-        for (&i, m) in members.iter().zip(&magnitudes) {
-            let b: Vec<u8> = bits.by_ref().take(m.len()).collect();
+        let factors = match &opts.b_field {
+            Some(b) => b
+                .family_factors(members.iter().map(|&i| plan.spec.tensors[i].name.as_str()))
+                .map_err(HfError::Unsupported)?,
+            None => None,
+        };
+        let bits = quant::vbit::allocate_family(&magnitudes, factors.as_deref(), budget);
+        for (&i, b) in members.iter().zip(bits) {
             out.insert(i, quant::rows::Decision::Bits(b));
         }
     }

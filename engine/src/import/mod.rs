@@ -1,11 +1,14 @@
 //! Importers: Hugging Face safetensors checkpoints and GGUF files into tensors + arch,
-//! written as CMF by `format::writer`.
+//! written as CMF by `format::writer`; and [`rewrite`], CMF files rewritten into new ones
+//! (defrag, moe-defrag, moe-mask, requant).
 
+pub mod bfield;
 pub mod ggml;
 pub mod gguf;
 pub mod gguf_import;
 pub mod gguf_tokenizer;
 pub mod hf;
+pub mod rewrite;
 #[cfg(test)]
 mod hf_tests;
 

@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::config::{self, LayerKind, ModelConfig};
-use super::linear::Linear;
+use super::linear::{Linear, SkillSel};
 use super::norm::RmsNorm;
 use super::rope::Rope;
 use super::scope::Scope;
@@ -149,7 +149,10 @@ impl Attention {
     }
 
     /// `h` [t, hidden] (normed input) at positions `pos0..pos0+t` → `out` [t, hidden].
-    /// The new keys and values are appended to `kv` at those positions.
+    /// The new keys and values are appended to `kv` at those positions. Weights come from
+    /// the source `sel` picks; with `heads`, a dead head (false) is not computed and
+    /// contributes nothing (its `o_proj` input is zero).
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         h: &[f32],
@@ -158,6 +161,8 @@ impl Attention {
         kv: &mut LayerKv,
         s: &mut AttentionScratch,
         out: &mut [f32],
+        sel: SkillSel,
+        heads: Option<&[bool]>,
     ) {
         let c = &self.cfg;
         let (hd, nq, nkv) = (c.head_dim, c.n_heads, c.n_kv_heads);
@@ -166,13 +171,15 @@ impl Attention {
         let v = &mut s.v[..t * nkv * hd];
         if self.output_gate {
             let qg = &mut s.qg[..2 * t * nq * hd];
-            Linear::forward_many([&self.q_proj, &self.k_proj, &self.v_proj], h, t, [qg, k, v]);
+            let lins = [&self.q_proj, &self.k_proj, &self.v_proj];
+            Linear::forward_many(sel, lins, None, h, t, [qg, k, v]);
             for (j, pair) in s.qg[..2 * t * nq * hd].chunks_exact(2 * hd).enumerate() {
                 q[j * hd..(j + 1) * hd].copy_from_slice(&pair[..hd]);
                 s.gate[j * hd..(j + 1) * hd].copy_from_slice(&pair[hd..]);
             }
         } else {
-            Linear::forward_many([&self.q_proj, &self.k_proj, &self.v_proj], h, t, [q, k, v]);
+            let lins = [&self.q_proj, &self.k_proj, &self.v_proj];
+            Linear::forward_many(sel, lins, None, h, t, [q, k, v]);
         }
         if let Some(n) = &self.q_norm {
             n.forward_inplace(q);
@@ -193,6 +200,10 @@ impl Attention {
         let q = &s.q[..t * nq * hd];
         let kv = &*kv;
         let head = |i: usize, hq: usize, o: &mut [f32]| {
+            if heads.is_some_and(|live| !live[hq]) {
+                o.fill(0.0);
+                return;
+            }
             let qh = &q[(i * nq + hq) * hd..(i * nq + hq + 1) * hd];
             self.attend(qh, pos0 + i, hq / (nq / nkv), kv, o);
         };
@@ -221,7 +232,7 @@ impl Attention {
                 *a *= 1.0 / (1.0 + (-g).exp());
             }
         }
-        self.o_proj.forward(att, t, out);
+        self.o_proj.view(sel).forward(att, t, out);
     }
 
     /// One query head at absolute position `pos` over the cached keys `lo..=pos`.

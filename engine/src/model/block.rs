@@ -15,9 +15,12 @@ use super::mlp::{Mlp, MlpScratch};
 use super::moe::{LayerRoutes, Moe, MoeScratch};
 use super::norm::RmsNorm;
 use super::scope::Scope;
+use super::select::LayerSel;
 use super::state::{LayerKv, LayerState};
 use super::ModelError;
 
+// One per layer, built once: the size difference between the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum TokenMixer {
     Attention(Attention),
@@ -140,7 +143,28 @@ impl DecoderLayer {
         }
     }
 
-    /// Every weight matrix of the layer (precision and masks apply to all of them).
+    /// Every weight matrix of the layer.
+    pub fn linears(&self) -> Vec<&Linear> {
+        let mut v: Vec<&Linear> = match &self.mixer {
+            TokenMixer::Attention(a) => vec![&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj],
+            TokenMixer::GatedDeltaNet(g) => {
+                vec![&g.in_qkv, &g.in_z, &g.in_b, &g.in_a, &g.out_proj]
+            }
+        };
+        match &self.ff {
+            FeedForward::Dense(m) => v.extend([&m.gate, &m.up, &m.down]),
+            FeedForward::Moe(m) => {
+                v.push(&m.router);
+                for e in m.experts.iter().chain(m.shared.iter()) {
+                    v.extend([&e.gate, &e.up, &e.down]);
+                }
+                v.extend(m.shared_gate.iter());
+            }
+        }
+        v
+    }
+
+    /// Every weight matrix of the layer (precision and skills apply to all of them).
     pub fn linears_mut(&mut self) -> Vec<&mut Linear> {
         let mut v: Vec<&mut Linear> = match &mut self.mixer {
             TokenMixer::Attention(a) => a.linears_mut().into_iter().collect(),
@@ -154,7 +178,8 @@ impl DecoderLayer {
     }
 
     /// `x` [t, hidden], the residual stream, updated in place; `state` advances by `t`
-    /// positions from `pos0`; a MoE layer's choices go to `routes`.
+    /// positions from `pos0`; a MoE layer's choices go to `routes`. `sel` is the task
+    /// mask's part for this layer and the skill whose weights it reads.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -165,18 +190,22 @@ impl DecoderLayer {
         s: &mut LayerScratch,
         routes: &mut LayerRoutes,
         form: Form,
+        sel: LayerSel,
     ) -> Result<(), ModelError> {
         let n = x.len();
         let (h, o) = (&mut s.h[..n], &mut s.o[..n]);
         self.input_norm.forward(x, h);
+        let sk = sel.skill;
         match &self.mixer {
-            TokenMixer::Attention(a) => a.forward(h, t, pos0, state.kv(), &mut s.attn, o),
+            TokenMixer::Attention(a) => {
+                a.forward(h, t, pos0, state.kv(), &mut s.attn, o, sk, sel.heads())
+            }
             TokenMixer::GatedDeltaNet(g) => {
                 let scratch = s
                     .gdn
                     .as_mut()
                     .expect("the workspace has Gated DeltaNet buffers");
-                g.forward(h, t, state.recurrent(), scratch, o, form)
+                g.forward(h, t, state.recurrent(), scratch, o, form, sk)
             }
         }
         if let Some(norm) = &self.post_attn_norm {
@@ -185,10 +214,10 @@ impl DecoderLayer {
         add(x, o);
         self.pre_mlp_norm.forward(x, h);
         match &self.ff {
-            FeedForward::Dense(m) => m.forward(h, t, &mut s.mlp, o),
+            FeedForward::Dense(m) => m.forward(h, t, &mut s.mlp, o, sk, sel.ffn()),
             FeedForward::Moe(m) => {
                 let scratch = s.moe.as_mut().expect("the workspace has MoE buffers");
-                m.forward(h, t, scratch, routes, o)?
+                m.forward(h, t, scratch, routes, o, sk, sel.experts())?
             }
         }
         if let Some(norm) = &self.post_mlp_norm {

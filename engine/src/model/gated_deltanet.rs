@@ -21,7 +21,7 @@
 
 use rayon::prelude::*;
 
-use super::linear::Linear;
+use super::linear::{Linear, SkillSel};
 use super::scope::Scope;
 use super::state::RecurrentState;
 use super::ModelError;
@@ -296,6 +296,7 @@ impl GatedDeltaNet {
     }
 
     /// `h` [t, hidden] (normed input) → `out` [t, hidden], advancing `state` by `t` tokens.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         h: &[f32],
@@ -304,6 +305,7 @@ impl GatedDeltaNet {
         s: &mut GdnScratch,
         out: &mut [f32],
         form: Form,
+        sel: SkillSel,
     ) {
         let c = &self.cfg;
         let (cd, vd, nv) = (c.conv_dim(), c.value_dim(), c.value_heads);
@@ -313,7 +315,9 @@ impl GatedDeltaNet {
             let b = &mut s.b[..t * nv];
             let a = &mut s.a[..t * nv];
             Linear::forward_many(
+                sel,
                 [&self.in_qkv, &self.in_z, &self.in_b, &self.in_a],
+                None,
                 h,
                 t,
                 [qkv, z, b, a],
@@ -369,7 +373,7 @@ impl GatedDeltaNet {
                 *ov = w * (*ov * inv) * silu(zv);
             }
         }
-        self.out_proj.forward(core, t, out);
+        self.out_proj.view(sel).forward(core, t, out);
     }
 
     /// The causal conv + SiLU of `t` tokens `x` [t, conv_dim] into `y`, after the inputs

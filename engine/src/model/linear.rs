@@ -1,10 +1,105 @@
-//! A weight matrix in the mmap, in its stored dtype, with an optional bias.
+//! A weight matrix in the mmap, in its stored dtype, with an optional bias, and the
+//! skills' replacements of it (§9: tensor-source indirection).
+//!
+//! A product reads the source a [`SkillSel`] picks: the backbone's bytes, the active
+//! skill's `skill.{id}.{name}` (another pointer into the same mmap, so switching skills
+//! copies nothing), or a soft blend's materialised tensor (the only owned weights).
 
 use std::sync::Arc;
 
 use super::ModelError;
 use crate::format::shards::CmfModel;
 use crate::quant::matrix::{self, Matrix, Precision};
+
+/// Which source of every replaceable tensor a forward reads.
+#[derive(Clone, Copy, Debug, Default)]
+pub enum SkillSel<'a> {
+    /// The backbone.
+    #[default]
+    Base,
+    /// Skill `i` of the registry (its replacements; the backbone elsewhere).
+    Skill(u16),
+    /// A soft mix (claim 14): the blend's materialised tensors where it has one.
+    Blend(&'a Blend),
+}
+
+/// The materialised tensors of a soft mix `Σ wᵢ·Tᵢ`, by [`Linear::slot`].
+#[derive(Debug, Default)]
+pub struct Blend {
+    pub weights: Vec<Option<OwnedWeight>>,
+}
+
+impl Blend {
+    /// Bytes the blend holds (the only weights outside the mmap).
+    pub fn bytes(&self) -> usize {
+        self.weights
+            .iter()
+            .flatten()
+            .map(|w| w.bytes.len() + w.bias.as_ref().map_or(0, |b| 4 * b.len()))
+            .sum()
+    }
+}
+
+/// A weight matrix held in memory (a blend's mix, f32).
+#[derive(Debug)]
+pub struct OwnedWeight {
+    pub m: Matrix,
+    pub bytes: Vec<u8>,
+    pub bias: Option<Vec<f32>>,
+}
+
+/// A skill's replacement of one linear: `skill.{id}.{name}` in the same mmap.
+#[derive(Clone, Debug)]
+pub struct SkillWeight {
+    /// The skill's index in the registry.
+    pub skill: u16,
+    pub m: Matrix,
+    shard: usize,
+    range: std::ops::Range<usize>,
+    /// The skill's own bias when it replaces `{name}.bias` too.
+    pub bias: Option<Vec<f32>>,
+}
+
+/// The matrix, bytes and bias one product reads.
+#[derive(Clone, Copy)]
+pub struct LinView<'a> {
+    pub m: &'a Matrix,
+    pub bytes: &'a [u8],
+    pub bias: Option<&'a [f32]>,
+    pub precision: Precision,
+}
+
+impl LinView<'_> {
+    pub fn out_dim(&self) -> usize {
+        self.m.rows
+    }
+
+    /// `x` [t, in] → `y` [t, out].
+    pub fn forward(&self, x: &[f32], t: usize, y: &mut [f32]) {
+        if t == 1 {
+            matrix::matvec_with(self.m, self.bytes, x, y, self.precision);
+        } else {
+            matrix::matmul_with(self.m, self.bytes, x, t, y, self.precision);
+        }
+        add_bias(self.bias, None, y);
+    }
+
+    /// Adds the bias (if any) to `y` [t, out].
+    pub fn add_bias_to(&self, y: &mut [f32]) {
+        add_bias(self.bias, None, y)
+    }
+
+    /// Only output rows `rows` (ascending): `y` [t, rows.len()]; the other rows' bytes are
+    /// not read (dead FFN neurons of a task mask).
+    pub fn forward_rows(&self, rows: &[u32], x: &[f32], t: usize, y: &mut [f32]) {
+        if t == 1 {
+            matrix::matvec_rows_with(self.m, self.bytes, x, rows, y, self.precision);
+        } else {
+            matrix::matmul_rows_with(self.m, self.bytes, x, t, rows, y, self.precision);
+        }
+        add_bias(self.bias, Some(rows), y);
+    }
+}
 
 /// `y = x·Wᵀ (+ b)` with `W` [out, in] read in place from the file.
 #[derive(Clone, Debug)]
@@ -17,6 +112,10 @@ pub struct Linear {
     pub bias: Option<Vec<f32>>,
     /// How activations enter the product (exact f32, or int8 for speed).
     pub precision: Precision,
+    /// The skills that replace this matrix, by registry index (usually none).
+    pub alts: Vec<SkillWeight>,
+    /// This linear's slot in a [`Blend`], when some skill replaces it.
+    pub slot: Option<u32>,
 }
 
 impl Linear {
@@ -50,7 +149,75 @@ impl Linear {
             range: start..start + bytes.len(),
             bias: None,
             precision: Precision::Exact,
+            alts: Vec::new(),
+            slot: None,
         })
+    }
+
+    /// Adds skill `skill`'s replacement `name` (`skill.{id}.{this name}`), which must have
+    /// this matrix's shape (§9: replacements are full-shape).
+    pub fn add_alt(
+        &mut self,
+        skill: u16,
+        name: &str,
+        bias: Option<Vec<f32>>,
+    ) -> Result<(), ModelError> {
+        let r = Linear::load(&self.file, name, self.out_dim(), self.in_dim())?;
+        self.alts.push(SkillWeight {
+            skill,
+            m: r.m,
+            shard: r.shard,
+            range: r.range,
+            bias,
+        });
+        Ok(())
+    }
+
+    /// The source `sel` reads.
+    pub fn view<'a>(&'a self, sel: SkillSel<'a>) -> LinView<'a> {
+        let base = LinView {
+            m: &self.m,
+            bytes: self.bytes(),
+            bias: self.bias.as_deref(),
+            precision: self.precision,
+        };
+        match sel {
+            SkillSel::Base => base,
+            SkillSel::Skill(k) => match self.alts.iter().find(|a| a.skill == k) {
+                Some(a) => LinView {
+                    m: &a.m,
+                    bytes: &self.file.shards[a.shard].bytes()[a.range.clone()],
+                    bias: a.bias.as_deref().or(self.bias.as_deref()),
+                    precision: self.precision,
+                },
+                None => base,
+            },
+            SkillSel::Blend(b) => match self
+                .slot
+                .and_then(|s| b.weights.get(s as usize))
+                .and_then(|w| w.as_ref())
+            {
+                Some(w) => LinView {
+                    m: &w.m,
+                    bytes: &w.bytes,
+                    bias: w.bias.as_deref().or(self.bias.as_deref()),
+                    precision: self.precision,
+                },
+                None => base,
+            },
+        }
+    }
+
+    /// The bytes of skill `k`'s replacement (or the backbone's), for blending.
+    pub fn source_of(&self, k: Option<u16>) -> (&Matrix, &[u8], Option<&[f32]>) {
+        match k.and_then(|k| self.alts.iter().find(|a| a.skill == k)) {
+            Some(a) => (
+                &a.m,
+                &self.file.shards[a.shard].bytes()[a.range.clone()],
+                a.bias.as_deref().or(self.bias.as_deref()),
+            ),
+            None => (&self.m, self.bytes(), self.bias.as_deref()),
+        }
     }
 
     pub fn out_dim(&self) -> usize {
@@ -65,63 +232,84 @@ impl Linear {
         &self.file.shards[self.shard].bytes()[self.range.clone()]
     }
 
-    /// `x` [t, in] → `y` [t, out].
+    /// `x` [t, in] → `y` [t, out], from the backbone.
     pub fn forward(&self, x: &[f32], t: usize, y: &mut [f32]) {
-        let bytes = self.bytes();
-        if t == 1 {
-            matrix::matvec_with(&self.m, bytes, x, y, self.precision);
-        } else {
-            matrix::matmul_with(&self.m, bytes, x, t, y, self.precision);
-        }
-        self.add_bias(y);
+        self.view(SkillSel::Base).forward(x, t, y)
     }
 
-    /// Several linears of the same input `x` [t, in] at once (q/k/v, gate/up): for one
-    /// token a single parallel section with one activation quantization; for a batch,
-    /// one after the other (each product is already large enough).
+    /// Several linears of the same input `x` [t, in] at once (q/k/v, gate/up), each from
+    /// the source `sel` picks, optionally only rows `rows` of each (a task mask's live
+    /// neurons; `ys` then hold `[t, rows.len()]`): for one token a single parallel section
+    /// with one activation quantization; for a batch, one after the other (each product
+    /// is already large enough).
     pub fn forward_many<const N: usize>(
+        sel: SkillSel,
         lins: [&Linear; N],
+        rows: Option<&[u32]>,
         x: &[f32],
         t: usize,
         ys: [&mut [f32]; N],
     ) {
-        if t == 1 && lins.iter().all(|l| l.precision == lins[0].precision) {
+        let views = lins.map(|l| l.view(sel));
+        if t == 1 && views.iter().all(|v| v.precision == views[0].precision) {
             let mut parts: [matrix::MatvecPart; N] = {
                 let mut ys = ys.into_iter();
                 std::array::from_fn(|i| matrix::MatvecPart {
-                    m: &lins[i].m,
-                    bytes: lins[i].bytes(),
+                    m: views[i].m,
+                    bytes: views[i].bytes,
+                    rows,
                     y: ys.next().expect("one output per linear"),
                 })
             };
-            matrix::matvec_multi(&mut parts, x, lins[0].precision);
-            for (l, part) in lins.iter().zip(parts.iter_mut()) {
-                l.add_bias(part.y);
+            matrix::matvec_multi(&mut parts, x, views[0].precision);
+            for (v, part) in views.iter().zip(parts.iter_mut()) {
+                add_bias(v.bias, rows, part.y);
             }
         } else {
-            for (l, y) in lins.iter().zip(ys) {
-                l.forward(x, t, y);
+            for (v, y) in views.iter().zip(ys) {
+                match rows {
+                    Some(r) => v.forward_rows(r, x, t, y),
+                    None => v.forward(x, t, y),
+                }
             }
         }
     }
 
     /// Adds the bias (if any) to `y` [t, out], as [`Linear::forward`] does.
     pub fn add_bias_to(&self, y: &mut [f32]) {
-        self.add_bias(y)
+        add_bias(self.bias.as_deref(), None, y)
     }
 
-    fn add_bias(&self, y: &mut [f32]) {
-        if let Some(b) = &self.bias {
+    /// Row `r` of `W` decoded (an embedding lookup).
+    pub fn row(&self, r: usize, out: &mut [f32]) {
+        self.row_in(SkillSel::Base, r, out)
+    }
+
+    /// Row `r` of the source `sel` picks.
+    pub fn row_in(&self, sel: SkillSel, r: usize, out: &mut [f32]) {
+        let v = self.view(sel);
+        v.m.row(v.bytes, r, out)
+    }
+}
+
+/// Adds `bias` (all of it, or its entries `rows`) to every row of `y`.
+fn add_bias(bias: Option<&[f32]>, rows: Option<&[u32]>, y: &mut [f32]) {
+    let Some(b) = bias else { return };
+    match rows {
+        None => {
             for row in y.chunks_exact_mut(b.len()) {
                 for (v, bv) in row.iter_mut().zip(b) {
                     *v += bv;
                 }
             }
         }
-    }
-
-    /// Row `r` of `W` decoded (an embedding lookup).
-    pub fn row(&self, r: usize, out: &mut [f32]) {
-        self.m.row(self.bytes(), r, out)
+        Some(rows) if !rows.is_empty() => {
+            for row in y.chunks_exact_mut(rows.len()) {
+                for (v, &r) in row.iter_mut().zip(rows) {
+                    *v += b[r as usize];
+                }
+            }
+        }
+        Some(_) => {}
     }
 }

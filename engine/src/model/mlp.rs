@@ -1,7 +1,7 @@
 //! Gated MLP: `down(act(gate(x)) ⊙ up(x))`, SwiGLU or GeLU-tanh.
 
 use super::config::Activation;
-use super::linear::Linear;
+use super::linear::{Linear, SkillSel};
 use super::scope::Scope;
 use super::ModelError;
 
@@ -17,6 +17,8 @@ pub struct Mlp {
 pub struct MlpScratch {
     g: Vec<f32>,
     u: Vec<f32>,
+    /// The live neurons' activations scattered to the full width (masked forwards).
+    wide: Vec<f32>,
 }
 
 impl MlpScratch {
@@ -24,6 +26,7 @@ impl MlpScratch {
         MlpScratch {
             g: vec![0.0; intermediate * t_max],
             u: vec![0.0; intermediate * t_max],
+            wide: vec![0.0; intermediate * t_max],
         }
     }
 }
@@ -49,15 +52,42 @@ impl Mlp {
         [&mut self.gate, &mut self.up, &mut self.down]
     }
 
-    /// `h` [t, hidden] → `out` [t, hidden].
-    pub fn forward(&self, h: &[f32], t: usize, s: &mut MlpScratch, out: &mut [f32]) {
-        let n = self.gate.out_dim() * t;
+    /// `h` [t, hidden] → `out` [t, hidden], with the weights `sel` picks. With `live`
+    /// (a task mask's live neurons, ascending), only those rows of gate/up are computed
+    /// and the dead neurons contribute nothing: exactly the model whose dead neurons'
+    /// weights are zero.
+    pub fn forward(
+        &self,
+        h: &[f32],
+        t: usize,
+        s: &mut MlpScratch,
+        out: &mut [f32],
+        sel: SkillSel,
+        live: Option<&[u32]>,
+    ) {
+        let width = live.map_or(self.gate.out_dim(), |l| l.len());
+        let n = width * t;
         let (g, u) = (&mut s.g[..n], &mut s.u[..n]);
-        Linear::forward_many([&self.gate, &self.up], h, t, [g, u]);
+        Linear::forward_many(sel, [&self.gate, &self.up], live, h, t, [g, u]);
         for (gv, &uv) in g.iter_mut().zip(u.iter()) {
             *gv = activate(self.act, *gv) * uv;
         }
-        self.down.forward(g, t, out);
+        let Some(live) = live else {
+            return self.down.view(sel).forward(g, t, out);
+        };
+        // The dead neurons' inputs to down_proj are zero.
+        let inter = self.gate.out_dim();
+        let wide = &mut s.wide[..inter * t];
+        wide.fill(0.0);
+        for (row, acts) in wide
+            .chunks_exact_mut(inter)
+            .zip(g.chunks_exact(width.max(1)))
+        {
+            for (&j, &a) in live.iter().zip(acts) {
+                row[j as usize] = a;
+            }
+        }
+        self.down.view(sel).forward(wide, t, out);
     }
 }
 

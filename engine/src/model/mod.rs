@@ -18,6 +18,7 @@ pub mod mtp;
 pub mod norm;
 pub mod rope;
 pub mod scope;
+pub mod select;
 pub mod state;
 
 use std::sync::Arc;
@@ -31,6 +32,7 @@ use self::mlp::MlpScratch;
 use self::moe::{LayerRoutes, MoeScratch};
 use self::norm::RmsNorm;
 use self::scope::Scope;
+use self::select::Active;
 use self::state::ModelState;
 use crate::format::shards::CmfModel;
 pub use crate::quant::matrix::Precision;
@@ -68,6 +70,14 @@ pub enum ModelError {
     /// The state cannot return to a position (recurrent state that was not saved there).
     #[error("cannot roll the state back to position {0}")]
     Rollback(usize),
+    /// A task mask that does not fit the model it is in (a field wider than its layer, a
+    /// layer with no routable expert).
+    #[error("{0}")]
+    Task(String),
+    /// A task or skill the file does not have (the user's request; the message lists
+    /// what the file has).
+    #[error("{0}")]
+    UnknownChoice(String),
 }
 
 pub struct Model {
@@ -83,6 +93,18 @@ pub struct Model {
     pub warnings: Vec<String>,
     /// The multi-token-prediction head (§2.1), when the file has a usable one.
     pub mtp: Option<mtp::MtpHead>,
+    /// The skills of the registry, in its order (§9).
+    pub skills: Vec<SkillInfo>,
+}
+
+/// What the engine made of one skill of the registry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SkillInfo {
+    pub id: String,
+    /// The backbone tensors it replaces (matrices the forward reads from it).
+    pub replaced: Vec<String>,
+    /// Why it cannot be selected, if it cannot.
+    pub problem: Option<String>,
 }
 
 /// Which positions' logits a forward computes.
@@ -110,6 +132,8 @@ pub struct Workspace {
     pub form: Form,
     /// Compute the final norm of every row even without logits (the MTP head reads it).
     pub keep_hidden: bool,
+    /// The task mask and skill the forwards run under (the session sets it between steps).
+    pub active: Active,
 }
 
 impl Workspace {
@@ -175,6 +199,7 @@ impl Workspace {
                 .collect(),
             form: Form::Auto,
             keep_hidden: false,
+            active: Active::default(),
         }
     }
 
@@ -199,6 +224,14 @@ impl Model {
         file: Arc<CmfModel>,
         overrides: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<Model, ModelError> {
+        if file.primary().is_skill_file() {
+            return Err(ModelError::Unsupported(
+                "this is a standalone skill file (§9.1, SKILL_FILE): a partial tensor set, not \
+                 a model. Apply it to the base it was cut from: `cortiq skill apply BASE.cmf \
+                 SKILL.cmf -o OUT.cmf`, then run OUT.cmf"
+                    .into(),
+            ));
+        }
         let arch = file.header().arch.as_ref().ok_or(ModelError::NoArch)?;
         let arch = if overrides.is_empty() {
             arch.clone()
@@ -256,7 +289,7 @@ impl Model {
         if mtp.is_none() && c.mtp_layers.is_some() && !warnings.iter().any(|w| w.contains("MTP")) {
             warnings.push("arch.mtp is declared but the file has no model.mtp tensors".into());
         }
-        Ok(Model {
+        let mut model = Model {
             mtp,
             warnings,
             norm: final_norm,
@@ -266,7 +299,116 @@ impl Model {
             layers,
             file,
             config: c,
-        })
+            skills: Vec::new(),
+        };
+        model.skills = model.attach_skills();
+        Ok(model)
+    }
+
+    /// Every skill of the registry (§9) becomes a second source of the linears it
+    /// replaces: `skill.{id}.{name}` in the same mmap, checked to have `{name}`'s shape.
+    /// A skill that replaces a tensor the engine does not read as a matrix (a norm) is
+    /// listed with that problem and refused when selected.
+    fn attach_skills(&mut self) -> Vec<SkillInfo> {
+        let records = self.file.header().skills.clone().unwrap_or_default();
+        let mut infos = Vec::new();
+        let mut slots = 0u32;
+        let names: Vec<(usize, String)> = self
+            .file
+            .tensors()
+            .map(|(_, e)| e.name.clone())
+            .enumerate()
+            .collect();
+        for (k, rec) in records.iter().enumerate().take(u16::MAX as usize) {
+            let prefix = format!("skill.{}.", rec.id);
+            let mut info = SkillInfo {
+                id: rec.id.clone(),
+                replaced: Vec::new(),
+                problem: None,
+            };
+            let replaced: Vec<String> = names
+                .iter()
+                .filter_map(|(_, n)| n.strip_prefix(&prefix).map(str::to_string))
+                .collect();
+            for base in &replaced {
+                if base.ends_with(".bias") {
+                    continue; // taken with its matrix below
+                }
+                let bias_name = format!("{}.bias", base.strip_suffix(".weight").unwrap_or(base));
+                let full = format!("{prefix}{base}");
+                let mut found = false;
+                let file = self.file.clone();
+                let scope = Scope::root(&file, 0.0, false);
+                for lin in self.linears_mut() {
+                    if lin.name != *base {
+                        continue;
+                    }
+                    found = true;
+                    let attached = if replaced.contains(&bias_name) {
+                        scope
+                            .vector(&format!("{prefix}{bias_name}"), lin.out_dim())
+                            .map(Some)
+                    } else {
+                        Ok(None)
+                    }
+                    .and_then(|bias| lin.add_alt(k as u16, &full, bias));
+                    match attached {
+                        Ok(()) if lin.slot.is_none() => {
+                            lin.slot = Some(slots);
+                            slots += 1;
+                        }
+                        Ok(()) => {}
+                        Err(e) => {
+                            info.problem.get_or_insert(e.to_string());
+                        }
+                    }
+                }
+                if found {
+                    info.replaced.push(base.clone());
+                } else if info.problem.is_none() {
+                    info.problem = Some(format!(
+                        "it replaces {base}, which this engine reads only at load (norms and                          vectors cannot be switched) or does not read at all"
+                    ));
+                }
+            }
+            infos.push(info);
+        }
+        // A tied head is a copy of the embedding: give it the embedding's sources.
+        if self.tied {
+            self.lm_head = self.embed.clone();
+        }
+        infos
+    }
+
+    /// Every weight matrix of the model (the embedding and head, each layer's, the MTP
+    /// head's).
+    pub fn linears(&self) -> impl Iterator<Item = &Linear> + '_ {
+        let mtp = self.mtp.iter().flat_map(|m| {
+            std::iter::once(&m.eh_proj).chain(m.layers.iter().flat_map(|l| l.linears()))
+        });
+        [&self.embed, &self.lm_head]
+            .into_iter()
+            .chain(self.layers.iter().flat_map(|l| l.linears()))
+            .chain(mtp)
+    }
+
+    fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        let mut v: Vec<&mut Linear> = vec![&mut self.embed];
+        if !self.tied {
+            v.push(&mut self.lm_head);
+        }
+        for l in self.layers.iter_mut() {
+            v.extend(l.linears_mut());
+        }
+        v
+    }
+
+    /// The registry index of skill `id`.
+    pub fn skill_index(&self, id: &str) -> Option<u16> {
+        self.skills
+            .iter()
+            .position(|s| s.id == id)
+            .map(|i| i as u16)
     }
 
     /// Sets how every weight product takes its activations: [`Precision::Exact`] (the
@@ -373,8 +515,9 @@ impl Model {
         let h = c.hidden;
         let x = &mut ws.x[..t * h];
 
+        let sk = ws.active.skill_sel();
         for (i, &id) in tokens.iter().enumerate() {
-            self.embed_token(id, &mut x[i * h..(i + 1) * h]);
+            self.embed_token_in(sk, id, &mut x[i * h..(i + 1) * h]);
         }
         if let Some(hs) = hidden.as_deref_mut() {
             hs.extend_from_slice(x);
@@ -382,15 +525,24 @@ impl Model {
 
         // Decoder layers.
         for (i, layer) in self.layers.iter().enumerate() {
-            let r = layer.forward(
-                x,
-                t,
-                pos0,
-                &mut cache.layers[i],
-                &mut ws.layer,
-                &mut ws.routes[i],
-                ws.form,
-            );
+            let sel = ws.active.layer(i);
+            let r = if sel.skip() {
+                // A gated-off layer: the residual passes through; its state keeps nothing
+                // for these positions (what a later task with the layer on reads there is
+                // the approximation "keep the cache" accepts).
+                Ok(())
+            } else {
+                layer.forward(
+                    x,
+                    t,
+                    pos0,
+                    &mut cache.layers[i],
+                    &mut ws.layer,
+                    &mut ws.routes[i],
+                    ws.form,
+                    sel,
+                )
+            };
             if let Err(e) = r {
                 // The layers before this one have advanced: the state is unusable.
                 cache.truncate(0);
@@ -424,13 +576,19 @@ impl Model {
         if let Some(hs) = hidden {
             hs.extend_from_slice(normed);
         }
-        self.logits_of(&normed[rows.start * h..rows.end * h], &mut ws.logits);
+        let sk = ws.active.skill_sel();
+        self.logits_in(sk, &normed[rows.start * h..rows.end * h], &mut ws.logits);
         Ok(())
     }
 
     /// Token `id`'s embedding into `out` [hidden] (Gemma scales it by √hidden).
     pub fn embed_token(&self, id: u32, out: &mut [f32]) {
-        self.embed.row(id as usize, out);
+        self.embed_token_in(linear::SkillSel::Base, id, out)
+    }
+
+    /// [`Model::embed_token`] from the embedding `sel` picks.
+    pub fn embed_token_in(&self, sel: linear::SkillSel, id: u32, out: &mut [f32]) {
+        self.embed.row_in(sel, id as usize, out);
         if let Some(m) = self.config.embed_multiplier {
             out.iter_mut().for_each(|v| *v *= m);
         }
@@ -439,12 +597,17 @@ impl Model {
     /// The LM head over final-normed rows `normed` [n, hidden] into `logits` [n, vocab]
     /// (resized if needed), soft-capped where the arch says so.
     pub fn logits_of(&self, normed: &[f32], logits: &mut Vec<f32>) {
+        self.logits_in(linear::SkillSel::Base, normed, logits)
+    }
+
+    /// [`Model::logits_of`] with the head `sel` picks.
+    pub fn logits_in(&self, sel: linear::SkillSel, normed: &[f32], logits: &mut Vec<f32>) {
         let c = &self.config;
         let n = normed.len() / c.hidden;
         if logits.len() != n * c.vocab {
             logits.resize(n * c.vocab, 0.0);
         }
-        self.lm_head.forward(normed, n, logits);
+        self.lm_head.view(sel).forward(normed, n, logits);
         if let Some(cap) = c.final_softcap {
             logits.iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
         }

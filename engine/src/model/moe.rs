@@ -18,7 +18,7 @@
 use smallvec::SmallVec;
 
 use super::config::Activation;
-use super::linear::Linear;
+use super::linear::{Linear, SkillSel};
 use super::mlp::{activate, Mlp};
 use super::scope::Scope;
 use super::ModelError;
@@ -47,8 +47,12 @@ pub struct Moe {
     pub shared_gate: Option<Linear>,
 }
 
+/// An unused routing slot: a task mask left fewer routable experts than `top_k`.
+pub const NO_EXPERT: u32 = u32::MAX;
+
 /// The experts each token of the last forward chose in one MoE layer, and their
-/// weights (after renormalisation): token `i`'s are `experts[i·k..(i+1)·k]`, best first.
+/// weights (after renormalisation): token `i`'s are `experts[i·k..(i+1)·k]`, best first;
+/// slots a task mask leaves unused hold [`NO_EXPERT`] with weight 0.
 #[derive(Clone, Debug, Default)]
 pub struct LayerRoutes {
     pub layer: usize,
@@ -214,6 +218,7 @@ impl Moe {
     /// section, every down product in another, instead of two sections per expert; each
     /// product is what `matmul_with` gives over that expert's rows, and each token sums
     /// its experts in index order, whatever `t` is.
+    #[allow(clippy::too_many_arguments)]
     fn experts_forward(
         &self,
         h: &[f32],
@@ -222,6 +227,7 @@ impl Moe {
         counts: &[usize],
         s: &mut MoeScratch,
         out: &mut [f32],
+        sel: SkillSel,
     ) {
         let hidden = self.router.in_dim();
         let rows = order.len();
@@ -254,9 +260,10 @@ impl Moe {
                 let w = m.intermediate();
                 let x = &s.xin[r0 * hidden..(r0 + n) * hidden];
                 for (l, y) in [(&m.gate, g), (&m.up, u)] {
+                    let v = l.view(sel);
                     jobs.push(MatmulJob {
-                        m: &l.m,
-                        bytes: l.bytes(),
+                        m: v.m,
+                        bytes: v.bytes,
                         x,
                         t: n,
                         y: &mut y[..n * w],
@@ -265,24 +272,26 @@ impl Moe {
             }
             if let Some(m) = &self.shared {
                 let w = m.intermediate();
+                let (gv, uv) = (m.gate.view(sel), m.up.view(sel));
                 jobs.push(MatmulJob {
-                    m: &m.gate.m,
-                    bytes: m.gate.bytes(),
+                    m: gv.m,
+                    bytes: gv.bytes,
                     x: h,
                     t,
                     y: &mut s.sg[..t * w],
                 });
                 jobs.push(MatmulJob {
-                    m: &m.up.m,
-                    bytes: m.up.bytes(),
+                    m: uv.m,
+                    bytes: uv.bytes,
                     x: h,
                     t,
                     y: &mut s.su[..t * w],
                 });
                 if let Some(g) = &self.shared_gate {
+                    let g = g.view(sel);
                     jobs.push(MatmulJob {
-                        m: &g.m,
-                        bytes: g.bytes(),
+                        m: g.m,
+                        bytes: g.bytes,
                         x: h,
                         t,
                         y: &mut s.gate[..t],
@@ -293,8 +302,8 @@ impl Moe {
         }
         // Activations, in place of the gate outputs.
         let act = |m: &Mlp, g: &mut [f32], u: &mut [f32]| {
-            m.gate.add_bias_to(g);
-            m.up.add_bias_to(u);
+            m.gate.view(sel).add_bias_to(g);
+            m.up.view(sel).add_bias_to(u);
             for (gv, &uv) in g.iter_mut().zip(u.iter()) {
                 *gv = activate(m.act, *gv) * uv;
             }
@@ -321,18 +330,20 @@ impl Moe {
                 }
                 let (y, rest) = std::mem::take(&mut y_rest).split_at_mut(n * hidden);
                 y_rest = rest;
+                let d = m.down.view(sel);
                 jobs.push(MatmulJob {
-                    m: &m.down.m,
-                    bytes: m.down.bytes(),
+                    m: d.m,
+                    bytes: d.bytes,
                     x: &s.g[r0 * widest..r0 * widest + n * m.intermediate()],
                     t: n,
                     y,
                 });
             }
             if let Some(m) = &self.shared {
+                let d = m.down.view(sel);
                 jobs.push(MatmulJob {
-                    m: &m.down.m,
-                    bytes: m.down.bytes(),
+                    m: d.m,
+                    bytes: d.bytes,
                     x: &s.sg[..t * m.intermediate()],
                     t,
                     y: &mut s.sy[..t * hidden],
@@ -345,7 +356,7 @@ impl Moe {
         for (e, m) in self.experts.iter().enumerate() {
             for (r, &(tok, w)) in order.iter().enumerate().take(counts[e + 1]).skip(counts[e]) {
                 let y = &mut s.y[r * hidden..(r + 1) * hidden];
-                m.down.add_bias_to(y);
+                m.down.view(sel).add_bias_to(y);
                 let tok = tok as usize;
                 for (o, &v) in out[tok * hidden..(tok + 1) * hidden]
                     .iter_mut()
@@ -357,11 +368,11 @@ impl Moe {
         }
         if let Some(m) = &self.shared {
             let sy = &mut s.sy[..t * hidden];
-            m.down.add_bias_to(sy);
+            m.down.view(sel).add_bias_to(sy);
             let gate = &mut s.gate[..t];
             match &self.shared_gate {
                 Some(g) => {
-                    g.add_bias_to(gate);
+                    g.view(sel).add_bias_to(gate);
                     gate.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp()));
                 }
                 None => gate.fill(1.0),
@@ -377,7 +388,12 @@ impl Moe {
         }
     }
 
-    /// `h` [t, hidden] → `out` [t, hidden]; the choices go to `routes`.
+    /// `h` [t, hidden] → `out` [t, hidden]; the choices go to `routes`. With `routable`
+    /// (a task mask's expert field, one flag per expert present), only those experts can
+    /// be chosen: the softmax runs over them alone (the masked experts' mass is
+    /// renormalised away, whatever `norm_topk_prob` says, §5), and `top_k` shrinks to
+    /// their number.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         h: &[f32],
@@ -385,15 +401,25 @@ impl Moe {
         s: &mut MoeScratch,
         routes: &mut LayerRoutes,
         out: &mut [f32],
+        sel: SkillSel,
+        routable: Option<&[bool]>,
     ) -> Result<(), ModelError> {
         let n = self.experts.len();
-        let k = self.top_k;
+        let open = |e: usize| routable.is_none_or(|r| r[e]);
+        let k = self.top_k.min((0..n).filter(|&e| open(e)).count());
+        if k == 0 {
+            return Err(ModelError::Task(format!(
+                "the task routes no expert of layer {}",
+                self.layer
+            )));
+        }
         let logits = &mut s.logits[..t * n];
-        self.router.forward(h, t, logits);
+        self.router.view(sel).forward(h, t, logits);
 
-        // Routing: softmax → top-k → renormalise.
+        // Routing: softmax over the routable experts → top-k → renormalise.
+        let slots = self.top_k;
         routes.layer = self.layer;
-        routes.k = k;
+        routes.k = slots;
         routes.tokens = t;
         let counts = &mut s.counts[..n + 1];
         counts.fill(0);
@@ -405,16 +431,26 @@ impl Moe {
                     self.layer, l[e]
                 )));
             }
-            let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let max = (0..n)
+                .filter(|&e| open(e))
+                .map(|e| l[e])
+                .fold(f32::NEG_INFINITY, f32::max);
             let p = &mut s.probs[..n];
             let mut sum = 0.0f32;
-            for (pv, &lv) in p.iter_mut().zip(l) {
-                *pv = (lv - max).exp();
-                sum += *pv;
+            for (e, (pv, &lv)) in p.iter_mut().zip(l).enumerate() {
+                if open(e) {
+                    *pv = (lv - max).exp();
+                    sum += *pv;
+                } else {
+                    *pv = -1.0; // never taken
+                }
             }
-            p.iter_mut().for_each(|v| *v /= sum);
-            let ex = &mut routes.experts[i * k..(i + 1) * k];
-            let wt = &mut routes.weights[i * k..(i + 1) * k];
+            p.iter_mut().filter(|v| **v >= 0.0).for_each(|v| *v /= sum);
+            let ex = &mut routes.experts[i * slots..(i + 1) * slots];
+            let wt = &mut routes.weights[i * slots..(i + 1) * slots];
+            ex[k..].fill(NO_EXPERT);
+            wt[k..].fill(0.0);
+            let (ex, wt) = (&mut ex[..k], &mut wt[..k]);
             for slot in 0..k {
                 // The largest not yet taken; ties go to the lower index.
                 let mut best = usize::MAX;
@@ -442,7 +478,7 @@ impl Moe {
         cursor.copy_from_slice(&counts[..n]);
         for i in 0..t {
             let (ex, wt) = routes.token(i);
-            for (&e, &w) in ex.iter().zip(wt) {
+            for (&e, &w) in ex.iter().zip(wt).filter(|(&e, _)| e != NO_EXPERT) {
                 let at = &mut cursor[e as usize];
                 order[*at] = (i as u32, w);
                 *at += 1;
@@ -452,7 +488,7 @@ impl Moe {
         // Out of the scratch while its other buffers are written (no allocation: the
         // vectors move and come back).
         let (order, counts) = (std::mem::take(&mut s.order), std::mem::take(&mut s.counts));
-        self.experts_forward(h, t, &order[..t * k], &counts[..n + 1], s, out);
+        self.experts_forward(h, t, &order[..t * k], &counts[..n + 1], s, out, sel);
         (s.order, s.counts) = (order, counts);
         Ok(())
     }

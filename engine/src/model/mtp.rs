@@ -137,6 +137,7 @@ impl MtpHead {
                 &mut ws.layer,
                 &mut ws.routes[i],
                 ws.form,
+                super::select::LayerSel::default(),
             );
             if let Err(e) = r {
                 state.truncate(0);

@@ -321,24 +321,65 @@ pub fn matvec(m: &Matrix, bytes: &[u8], x: &[f32], y: &mut [f32]) {
 
 /// [`matvec`] with the given [`Precision`].
 pub fn matvec_with(m: &Matrix, bytes: &[u8], x: &[f32], y: &mut [f32], p: Precision) {
-    assert_eq!(x.len(), m.cols, "activations must be [cols]");
-    assert_eq!(y.len(), m.rows, "output must be [rows]");
-    assert_eq!(bytes.len(), m.nbytes, "bytes of another tensor");
-    if m.rows == 0 {
-        return;
-    }
-    match int_order(m) {
-        Some(order) if p == Precision::Fast => {
-            with_quantized(m, bytes, x, 1, order, |acts| matvec_impl(m, bytes, acts, y))
+    matvec_sel(m, bytes, x, None, y, p)
+}
+
+/// Only rows `rows` (ascending, each `< m.rows`) of `W·x`, into `y` [rows.len()]: the
+/// other rows' bytes are not read (a task mask's dead FFN neurons). Equal, bit for bit,
+/// to the same entries of [`matvec_with`].
+pub fn matvec_rows_with(
+    m: &Matrix,
+    bytes: &[u8],
+    x: &[f32],
+    rows: &[u32],
+    y: &mut [f32],
+    p: Precision,
+) {
+    matvec_sel(m, bytes, x, Some(rows), y, p)
+}
+
+fn check_rows(m: &Matrix, rows: Option<&[u32]>) -> usize {
+    match rows {
+        None => m.rows,
+        Some(r) => {
+            assert!(
+                r.windows(2).all(|w| w[0] < w[1])
+                    && r.last().is_none_or(|&l| (l as usize) < m.rows),
+                "row selection must be ascending and inside the matrix"
+            );
+            r.len()
         }
-        _ => matvec_impl(m, bytes, Acts::F32(x), y),
     }
 }
 
-/// One product of [`matvec_multi`]: a matrix, its bytes and its output.
+fn matvec_sel(
+    m: &Matrix,
+    bytes: &[u8],
+    x: &[f32],
+    rows: Option<&[u32]>,
+    y: &mut [f32],
+    p: Precision,
+) {
+    assert_eq!(x.len(), m.cols, "activations must be [cols]");
+    assert_eq!(y.len(), check_rows(m, rows), "output must be [rows]");
+    assert_eq!(bytes.len(), m.nbytes, "bytes of another tensor");
+    if y.is_empty() {
+        return;
+    }
+    match int_order(m) {
+        Some(order) if p == Precision::Fast => with_quantized(m, bytes, x, 1, order, |acts| {
+            matvec_impl(m, bytes, acts, rows, y)
+        }),
+        _ => matvec_impl(m, bytes, Acts::F32(x), rows, y),
+    }
+}
+
+/// One product of [`matvec_multi`]: a matrix, its bytes and its output (all rows, or only
+/// `rows`, as [`matvec_rows_with`]).
 pub struct MatvecPart<'a> {
     pub m: &'a Matrix,
     pub bytes: &'a [u8],
+    pub rows: Option<&'a [u32]>,
     pub y: &'a mut [f32],
 }
 
@@ -352,7 +393,11 @@ pub fn matvec_multi(parts: &mut [MatvecPart], x: &[f32], p: Precision) {
     };
     for part in parts.iter() {
         assert_eq!(x.len(), part.m.cols, "activations must be [cols]");
-        assert_eq!(part.y.len(), part.m.rows, "output must be [rows]");
+        assert_eq!(
+            part.y.len(),
+            check_rows(part.m, part.rows),
+            "output must be [rows]"
+        );
         assert_eq!(part.bytes.len(), part.m.nbytes, "bytes of another tensor");
     }
     let (m0, b0) = (first.m, first.bytes);
@@ -364,8 +409,8 @@ pub fn matvec_multi(parts: &mut [MatvecPart], x: &[f32], p: Precision) {
         .all(|q| int_order(q.m) == order && q.m.dtype != DType::Q8_2f && q.m.cols == m0.cols);
     fn run_all(parts: &mut [MatvecPart], acts: Acts) {
         parts.par_iter_mut().for_each(|part| {
-            if part.m.rows > 0 {
-                matvec_impl(part.m, part.bytes, acts, part.y)
+            if !part.y.is_empty() {
+                matvec_impl(part.m, part.bytes, acts, part.rows, part.y)
             }
         })
     }
@@ -378,7 +423,7 @@ pub fn matvec_multi(parts: &mut [MatvecPart], x: &[f32], p: Precision) {
         // thread's buffers (a nested product would need a buffer of its own).
         _ => {
             for part in parts.iter_mut() {
-                matvec_with(part.m, part.bytes, x, part.y, p)
+                matvec_sel(part.m, part.bytes, x, part.rows, part.y, p)
             }
         }
     }
@@ -413,9 +458,9 @@ pub fn matmul_each(jobs: &mut [MatmulJob], p: Precision) {
             return;
         }
         if j.t == 1 {
-            matvec_impl(j.m, j.bytes, acts, j.y)
+            matvec_impl(j.m, j.bytes, acts, None, j.y)
         } else {
-            matmul_impl(j.m, j.bytes, acts, j.t, j.y)
+            matmul_impl(j.m, j.bytes, acts, j.t, None, j.y)
         }
     }
     if p == Precision::Exact || jobs.iter().all(|j| int_order(j.m).is_none()) {
@@ -452,23 +497,43 @@ pub fn matmul_each(jobs: &mut [MatmulJob], p: Precision) {
     })
 }
 
-fn matvec_impl(m: &Matrix, bytes: &[u8], acts: Acts, y: &mut [f32]) {
+/// The weight row of output `k`: `k` itself, or the `k`-th selected row.
+#[inline]
+fn row_of(rows: Option<&[u32]>, k: usize) -> usize {
+    rows.map_or(k, |r| r[k] as usize)
+}
+
+/// How many outputs from `k` on can run as one block of `R` consecutive weight rows.
+#[inline]
+fn consecutive<const R: usize>(rows: Option<&[u32]>, k: usize, n: usize) -> bool {
+    n - k >= R && rows.is_none_or(|r| r[k + R - 1] as usize - r[k] as usize == R - 1)
+}
+
+fn matvec_impl(m: &Matrix, bytes: &[u8], acts: Acts, rows: Option<&[u32]>, y: &mut [f32]) {
     // Enough work per chunk to amortise a task (~32k weights), and otherwise as few
     // chunks as keep every thread busy (two per thread, for balance): a chunk is one
     // sequential stream through memory, and each new stream costs prefetcher warm-up.
-    let balanced = m.rows.div_ceil(2 * rayon::current_num_threads().max(1));
+    let n = y.len();
+    let balanced = n.div_ceil(2 * rayon::current_num_threads().max(1));
     let chunk = 32768usize
         .div_ceil(m.cols.max(1))
         .max(balanced)
         .next_multiple_of(BLOCK_ROWS)
-        .min(m.rows.next_multiple_of(BLOCK_ROWS));
+        .min(n.next_multiple_of(BLOCK_ROWS));
     y.par_chunks_mut(chunk)
         .enumerate()
-        .for_each(|(c, ys)| matvec_rows(m, bytes, acts, c * chunk, ys));
+        .for_each(|(c, ys)| matvec_rows(m, bytes, acts, rows, c * chunk, ys));
 }
 
-/// Rows `r0 .. r0 + ys.len()` of a matvec.
-fn matvec_rows(m: &Matrix, bytes: &[u8], acts: Acts, r0: usize, ys: &mut [f32]) {
+/// Outputs `k0 .. k0 + ys.len()` of a matvec (rows `row_of(rows, k)`).
+fn matvec_rows(
+    m: &Matrix,
+    bytes: &[u8],
+    acts: Acts,
+    rows: Option<&[u32]>,
+    k0: usize,
+    ys: &mut [f32],
+) {
     struct Mv<'a> {
         acts: Acts<'a>,
         cols: usize,
@@ -491,15 +556,19 @@ fn matvec_rows(m: &Matrix, bytes: &[u8], acts: Acts, r0: usize, ys: &mut [f32]) 
         }
     }
     let (int, cols) = (acts.is_int(), m.cols);
+    let n = k0 + ys.len();
     let mut at = 0;
     while at < ys.len() {
+        let k = k0 + at;
+        let r = row_of(rows, k);
         let out = &mut ys[at..];
-        if out.len() >= BLOCK_ROWS {
+        if consecutive::<BLOCK_ROWS>(rows, k, n) {
             let out = &mut out[..BLOCK_ROWS];
-            block::<BLOCK_ROWS, _>(m, bytes, r0 + at, int, &mut Mv { acts, cols, out });
+            block::<BLOCK_ROWS, _>(m, bytes, r, int, &mut Mv { acts, cols, out });
             at += BLOCK_ROWS;
         } else {
-            block::<1, _>(m, bytes, r0 + at, int, &mut Mv { acts, cols, out });
+            let out = &mut out[..1];
+            block::<1, _>(m, bytes, r, int, &mut Mv { acts, cols, out });
             at += 1;
         }
     }
@@ -539,27 +608,54 @@ pub fn matmul(m: &Matrix, bytes: &[u8], x: &[f32], t: usize, y: &mut [f32]) {
 
 /// [`matmul`] with the given [`Precision`].
 pub fn matmul_with(m: &Matrix, bytes: &[u8], x: &[f32], t: usize, y: &mut [f32], p: Precision) {
+    matmul_sel(m, bytes, x, t, None, y, p)
+}
+
+/// Only rows `rows` of `X·Wᵀ`: `y` is `[t, rows.len()]` (see [`matvec_rows_with`]).
+pub fn matmul_rows_with(
+    m: &Matrix,
+    bytes: &[u8],
+    x: &[f32],
+    t: usize,
+    rows: &[u32],
+    y: &mut [f32],
+    p: Precision,
+) {
+    matmul_sel(m, bytes, x, t, Some(rows), y, p)
+}
+
+fn matmul_sel(
+    m: &Matrix,
+    bytes: &[u8],
+    x: &[f32],
+    t: usize,
+    rows: Option<&[u32]>,
+    y: &mut [f32],
+    p: Precision,
+) {
     assert_eq!(x.len(), t * m.cols, "activations must be [t, cols]");
-    assert_eq!(y.len(), t * m.rows, "output must be [t, rows]");
+    let n = check_rows(m, rows);
+    assert_eq!(y.len(), t * n, "output must be [t, rows]");
     assert_eq!(bytes.len(), m.nbytes, "bytes of another tensor");
     if t == 1 {
-        return matvec_with(m, bytes, x, y, p);
+        return matvec_sel(m, bytes, x, rows, y, p);
     }
-    if t == 0 || m.rows == 0 {
+    if t == 0 || n == 0 {
         return;
     }
     match int_order(m) {
         Some(order) if p == Precision::Fast => with_quantized(m, bytes, x, t, order, |acts| {
-            matmul_impl(m, bytes, acts, t, y)
+            matmul_impl(m, bytes, acts, t, rows, y)
         }),
-        _ => matmul_impl(m, bytes, Acts::F32(x), t, y),
+        _ => matmul_impl(m, bytes, Acts::F32(x), t, rows, y),
     }
 }
 
-fn matmul_impl(m: &Matrix, bytes: &[u8], acts: Acts, t: usize, y: &mut [f32]) {
+fn matmul_impl(m: &Matrix, bytes: &[u8], acts: Acts, t: usize, sel: Option<&[u32]>, y: &mut [f32]) {
+    let n = y.len() / t;
     let row_bytes = (m.nbytes / m.rows).max(1);
     let by_cache = (256 << 10) / row_bytes;
-    let by_balance = m.rows.div_ceil(4 * rayon::current_num_threads());
+    let by_balance = n.div_ceil(4 * rayon::current_num_threads());
     let chunk = by_cache.min(by_balance).max(1).next_multiple_of(BLOCK_ROWS);
     let tok_block = ((256 << 10) / (4 * m.cols.max(1)))
         .max(1)
@@ -568,34 +664,33 @@ fn matmul_impl(m: &Matrix, bytes: &[u8], acts: Acts, t: usize, y: &mut [f32]) {
         ptr: y.as_mut_ptr(),
         len: y.len(),
     };
-    (0..m.rows.div_ceil(chunk))
-        .into_par_iter()
-        .for_each(move |c| {
-            let rows = c * chunk..((c + 1) * chunk).min(m.rows);
-            for j0 in (0..t).step_by(tok_block) {
-                let toks = j0..(j0 + tok_block).min(t);
-                let mut r = rows.start;
-                while r < rows.end {
-                    let mut v = Mm {
-                        acts,
-                        cols: m.cols,
-                        toks: toks.clone(),
-                        put: |i: usize, j: usize, v: f32| {
-                            // SAFETY: `j < t` and row `r + i` belongs to this task only, so
-                            // entry `j·rows + r + i < y.len()` is written by this task alone.
-                            unsafe { out.write(j * m.rows + r + i, v) }
-                        },
-                    };
-                    if rows.end - r >= BLOCK_ROWS {
-                        block::<BLOCK_ROWS, _>(m, bytes, r, acts.is_int(), &mut v);
-                        r += BLOCK_ROWS;
-                    } else {
-                        block::<1, _>(m, bytes, r, acts.is_int(), &mut v);
-                        r += 1;
-                    }
+    (0..n.div_ceil(chunk)).into_par_iter().for_each(move |c| {
+        let outs = c * chunk..((c + 1) * chunk).min(n);
+        for j0 in (0..t).step_by(tok_block) {
+            let toks = j0..(j0 + tok_block).min(t);
+            let mut k = outs.start;
+            while k < outs.end {
+                let mut v = Mm {
+                    acts,
+                    cols: m.cols,
+                    toks: toks.clone(),
+                    put: |i: usize, j: usize, v: f32| {
+                        // SAFETY: `j < t` and output `k + i` belongs to this task only, so
+                        // entry `j·n + k + i < y.len()` is written by this task alone.
+                        unsafe { out.write(j * n + k + i, v) }
+                    },
+                };
+                let r = row_of(sel, k);
+                if consecutive::<BLOCK_ROWS>(sel, k, outs.end) {
+                    block::<BLOCK_ROWS, _>(m, bytes, r, acts.is_int(), &mut v);
+                    k += BLOCK_ROWS;
+                } else {
+                    block::<1, _>(m, bytes, r, acts.is_int(), &mut v);
+                    k += 1;
                 }
             }
-        });
+        }
+    });
 }
 
 /// A block of weight rows against the activations `toks`, 4, 2, 1 at a time;

@@ -321,6 +321,27 @@ pub fn allocate_bits(rms: &[f64], budget: f64) -> Vec<u8> {
     at(lo)
 }
 
+/// Joint allocation over a family of tensors that share one budget (§3.2: a layer's routed
+/// experts of one projection): [`allocate_bits`] over all members' rows at once, split back
+/// per member. With `weights` (one per member), each member's row magnitudes are multiplied
+/// by its weight first — the B-field, the router's selection frequency of that expert,
+/// so `b ∝ log2(A·B)`: a frequently chosen expert gets more bits, one never chosen
+/// (weight 0) is held at the floor. Only ratios of weights matter (the water level absorbs
+/// a common factor).
+pub fn allocate_family(members: &[Vec<f64>], weights: Option<&[f64]>, budget: f64) -> Vec<Vec<u8>> {
+    let weight = |i: usize| weights.and_then(|w| w.get(i)).copied().unwrap_or(1.0);
+    let all: Vec<f64> = members
+        .iter()
+        .enumerate()
+        .flat_map(|(i, m)| m.iter().map(move |a| a * weight(i)))
+        .collect();
+    let mut bits = allocate_bits(&all, budget).into_iter();
+    members
+        .iter()
+        .map(|m| bits.by_ref().take(m.len()).collect())
+        .collect()
+}
+
 /// The magnitude `a_r` of each row of `values` (`[rows, cols]`) that [`allocate_bits`]
 /// water-fills on: `sqrt(mean over the row's groups of absmax²)` — the step of a group is
 /// `absmax/L`, so this is the magnitude that sets the row's error (on the fixture weights

@@ -19,7 +19,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::moe::LayerRoutes;
+use crate::model::moe::{LayerRoutes, NO_EXPERT};
 use crate::model::Model;
 
 /// One MoE layer's choices over the logged positions.
@@ -95,7 +95,16 @@ impl RouteLog {
             .filter(move |_| pos < self.len)
             .map(move |l| {
                 let r = pos * l.k..(pos + 1) * l.k;
-                (l.layer, &l.chosen[r.clone()], &l.weights[r])
+                // A task that leaves fewer experts than top_k pads the slots.
+                let n = l.chosen[r.clone()]
+                    .iter()
+                    .take_while(|&&e| e != NO_EXPERT)
+                    .count();
+                (
+                    l.layer,
+                    &l.chosen[r.start..r.start + n],
+                    &l.weights[r.start..r.start + n],
+                )
             })
     }
 
@@ -120,6 +129,9 @@ impl RouteLog {
                     };
                     let span = range.start * l.k..range.end * l.k;
                     for (&e, &w) in l.chosen[span.clone()].iter().zip(&l.weights[span]) {
+                        if e == NO_EXPERT {
+                            continue;
+                        }
                         s.counts[e as usize] += 1;
                         s.mass[e as usize] += f64::from(w);
                     }

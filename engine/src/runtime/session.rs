@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use super::routes::RouteLog;
 use super::sampler::{Sampler, SamplingParams};
 use crate::model::mtp::MtpScratch;
+use crate::model::select::Active;
 use crate::model::state::{ModelState, StateSnapshot};
 use crate::model::{Logits, Model, ModelError, Workspace};
 
@@ -86,6 +87,39 @@ pub struct Session {
     routes: Option<RouteLog>,
     /// Speculative decoding with the MTP head, when on.
     spec: Option<Speculative>,
+    /// Per cached position, the choice (task mask + skill) it was computed under: an
+    /// index into `labels`.
+    tags: Vec<u32>,
+    /// The choices seen, by tag (their labels; the same label is the same tag).
+    labels: Vec<String>,
+    /// The current choice's tag.
+    tag: u32,
+    /// Positions below this were kept at the last switch ("keep the cache"): the next
+    /// prompt reuses them although they were computed under another choice.
+    kept: usize,
+}
+
+/// What a switch of task mask or skill does to the positions already cached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SwitchPolicy {
+    /// Keep them: fast, approximate (they were computed under the old choice).
+    KeepCache,
+    /// Recompute them under the new choice: exact.
+    Reprefill,
+}
+
+/// What [`Session::switch`] did.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct SwitchReport {
+    pub from: String,
+    pub to: String,
+    pub policy: SwitchPolicy,
+    /// Cached positions computed under another choice that stay (keep the cache).
+    pub kept: usize,
+    /// Positions recomputed (re-prefill).
+    pub recomputed: usize,
+    pub elapsed_s: f64,
 }
 
 /// What speculative decoding keeps beside the main state.
@@ -116,8 +150,86 @@ impl Session {
             checkpoint: None,
             routes: None,
             spec: None,
+            tags: Vec::with_capacity(cap),
+            labels: vec!["backbone".into()],
+            tag: 0,
+            kept: 0,
             model,
         }
+    }
+
+    /// The task mask and skill the forwards run under.
+    pub fn active(&self) -> &Active {
+        &self.ws.active
+    }
+
+    /// The label of the current choice (`backbone`, `task code`, `skill sql`, ...).
+    pub fn active_label(&self) -> &str {
+        &self.labels[self.tag as usize]
+    }
+
+    /// Per cached position, the label of the choice it was computed under.
+    pub fn position_labels(&self) -> impl Iterator<Item = &str> + '_ {
+        self.tags.iter().map(|&t| self.labels[t as usize].as_str())
+    }
+
+    /// Switches task mask and skill between steps. With [`SwitchPolicy::Reprefill`] the
+    /// cached positions are computed again under the new choice (the last position's
+    /// logits are then the new choice's); with [`SwitchPolicy::KeepCache`] they stay as
+    /// they are and the next prompt reuses them.
+    pub fn switch(
+        &mut self,
+        active: Active,
+        policy: SwitchPolicy,
+    ) -> Result<SwitchReport, ModelError> {
+        let t0 = Instant::now();
+        let from = self.active_label().to_string();
+        let to = label_of(&self.model, &active);
+        self.tag = match self.labels.iter().position(|l| *l == to) {
+            Some(i) => i as u32,
+            None => {
+                self.labels.push(to.clone());
+                (self.labels.len() - 1) as u32
+            }
+        };
+        self.ws.active = active;
+        let foreign = self.tags.iter().filter(|&&t| t != self.tag).count();
+        let mut report = SwitchReport {
+            from,
+            to,
+            policy,
+            kept: 0,
+            recomputed: 0,
+            elapsed_s: 0.0,
+        };
+        match policy {
+            SwitchPolicy::KeepCache => {
+                self.kept = self.tokens.len();
+                report.kept = foreign;
+            }
+            SwitchPolicy::Reprefill => {
+                self.kept = 0;
+                if foreign > 0 {
+                    let tokens = self.tokens.clone();
+                    let reused = self.prefill(&tokens)?;
+                    report.recomputed = tokens.len() - reused;
+                }
+            }
+        }
+        report.elapsed_s = t0.elapsed().as_secs_f64();
+        Ok(report)
+    }
+
+    /// Appends `ids` to the tokens the state holds, tagged with the current choice.
+    fn push_tokens(&mut self, ids: &[u32]) {
+        self.tokens.extend_from_slice(ids);
+        self.tags.resize(self.tokens.len(), self.tag);
+    }
+
+    fn truncate_tokens(&mut self, len: usize) {
+        self.tokens.truncate(len);
+        self.tags.truncate(len);
+        self.kept = self.kept.min(len);
     }
 
     pub fn capacity(&self) -> usize {
@@ -129,7 +241,7 @@ impl Session {
     }
 
     pub fn reset(&mut self) {
-        self.tokens.clear();
+        self.truncate_tokens(0);
         self.cache.truncate(0);
         self.checkpoint = None;
         if let Some(r) = &mut self.routes {
@@ -264,12 +376,17 @@ impl Session {
             });
         }
         // A failed forward leaves the state shorter than the tokens: trust the state.
-        self.tokens.truncate(self.cache.len);
+        self.truncate_tokens(self.cache.len);
+        // Reuse never silently mixes choices: a position computed under another task or
+        // skill is reused only when the user kept the cache at the switch.
+        let (tag, kept) = (self.tag, self.kept);
         let mut common = self
             .tokens
             .iter()
             .zip(prompt)
-            .take_while(|(a, b)| a == b)
+            .zip(&self.tags)
+            .enumerate()
+            .take_while(|(p, ((a, b), &t))| a == b && (t == tag || *p < kept))
             .count()
             .min(prompt.len() - 1);
         if self.checkpoint.as_ref().is_some_and(|c| c.len > common) {
@@ -288,7 +405,7 @@ impl Session {
                 }
             }
         }
-        self.tokens.truncate(common);
+        self.truncate_tokens(common);
         if let Some(r) = &mut self.routes {
             r.truncate(common);
         }
@@ -313,7 +430,7 @@ impl Session {
             .forward(chunk, &mut self.cache, &mut self.ws, want, None)?;
         self.log_forward(0..chunk.len());
         self.keep_hidden(pos0, 0..chunk.len());
-        self.tokens.extend_from_slice(chunk);
+        self.push_tokens(chunk);
         Ok(())
     }
 
@@ -324,7 +441,7 @@ impl Session {
             .forward(&[id], &mut self.cache, &mut self.ws, Logits::Last, None)?;
         self.log_forward(0..1);
         self.keep_hidden(pos0, 0..1);
-        self.tokens.push(id);
+        self.push_tokens(&[id]);
         Ok(())
     }
 
@@ -405,6 +522,36 @@ impl Session {
             }
         })
     }
+}
+
+/// A short human label of a choice: `backbone`, `task code`, `skill sql`,
+/// `task code + skill sql`, `blend(sql 0.70, chat 0.30)`.
+pub fn label_of(model: &Model, a: &Active) -> String {
+    use crate::model::select::SkillChoice;
+    let task = a.task.as_ref().map(|t| format!("task {}", t.name));
+    let skill = match &a.skill {
+        SkillChoice::None => None,
+        SkillChoice::One(k) => Some(format!("skill {}", skill_id(model, *k))),
+        SkillChoice::Blend { weights, .. } => Some(format!(
+            "blend({})",
+            weights
+                .iter()
+                .enumerate()
+                .map(|(i, w)| format!("{} {w:.2}", skill_id(model, i as u16)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    };
+    match (task, skill) {
+        (None, None) => "backbone".into(),
+        (Some(t), None) => t,
+        (None, Some(s)) => s,
+        (Some(t), Some(s)) => format!("{t} + {s}"),
+    }
+}
+
+fn skill_id(model: &Model, k: u16) -> &str {
+    model.skills.get(k as usize).map_or("?", |s| s.id.as_str())
 }
 
 /// How many alternatives each generated token reports.
@@ -751,7 +898,7 @@ impl Generation<'_> {
             sess.cache.drop_history();
             return Err(e);
         }
-        sess.tokens.push(id);
+        sess.push_tokens(&[id]);
         sess.log_forward(0..1);
         sess.keep_hidden(pos0, 0..2);
         self.draft = Some(d);
@@ -790,7 +937,7 @@ impl Generation<'_> {
         let len = sess.tokens.len();
         if x == d {
             self.accepted += 1;
-            sess.tokens.push(d);
+            sess.push_tokens(&[d]);
             sess.log_forward(1..2);
             sess.cache.drop_history();
             self.ready = true;
