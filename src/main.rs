@@ -41,6 +41,8 @@ struct Cli {
     command: Option<Command>,
 }
 
+// Parsed once per process: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Open FILE in the interactive workbench (a picker without FILE).
@@ -51,6 +53,9 @@ enum Command {
     Tensors(cli::tensors::Args),
     /// Task masks: per-layer density of neurons, heads, gates and experts.
     Masks(cli::masks::Args),
+    /// Author task masks: `mask calibrate` (from activation statistics, quality measured).
+    #[command(subcommand)]
+    Mask(cli::mask::Command),
     /// The skills registry and each skill's replaced tensors.
     Skills(cli::skills::Args),
     /// Compare two files: tensors, header, masks, skills, tokenizer.
@@ -88,6 +93,8 @@ enum Command {
     Run(cli::run::Args),
     /// Perplexity: teacher-forced negative log-likelihood per token of a text.
     Ppl(cli::ppl::Args),
+    /// Score the skills for a prompt (recon-argmin routing, §9): E per skill and the choice.
+    Route(cli::route::Args),
 }
 
 /// Arguments of `cortiq tui`; the workbench task will move this into `src/app`.
@@ -108,6 +115,7 @@ impl Command {
             Command::Info(a) => a.json,
             Command::Tensors(a) => a.json,
             Command::Masks(a) => a.json,
+            Command::Mask(c) => c.json(),
             Command::Skills(a) => a.json,
             Command::Diff(a) => a.json,
             Command::Verify(a) => a.json,
@@ -126,6 +134,7 @@ impl Command {
             Command::Bench(a) => a.json,
             Command::Run(a) => a.json,
             Command::Ppl(a) => a.json,
+            Command::Route(a) => a.json,
         }
     }
 
@@ -135,6 +144,7 @@ impl Command {
             Command::Info(a) => cli::info::run(a),
             Command::Tensors(a) => cli::tensors::run(a),
             Command::Masks(a) => cli::masks::run(a),
+            Command::Mask(c) => cli::mask::run(c),
             Command::Skills(a) => cli::skills::run(a),
             Command::Diff(a) => cli::diff::run(a),
             Command::Verify(a) => cli::verify::run(a),
@@ -153,6 +163,7 @@ impl Command {
             Command::Bench(a) => cli::bench::run(a),
             Command::Run(a) => cli::run::run(a),
             Command::Ppl(a) => cli::ppl::run(a),
+            Command::Route(a) => cli::route::run(a),
         }
     }
 }

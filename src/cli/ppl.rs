@@ -5,9 +5,8 @@
 use std::path::PathBuf;
 
 use cortiq_engine::chat::ChatBundle;
-use cortiq_engine::model::Logits;
-use cortiq_engine::runtime::metrics::nll;
-use cortiq_engine::runtime::session::PREFILL_CHUNK;
+use cortiq_engine::runtime::calibrate::text_nll;
+use cortiq_engine::runtime::choice::{resolve, Request, SkillRequest};
 use serde_json::json;
 
 use super::common::{emit, print_json, CliError, CmdResult, Status};
@@ -29,6 +28,13 @@ pub struct Args {
     /// Token ids to score, comma-separated.
     #[arg(long, value_name = "1,2,3")]
     pub ids: Option<String>,
+    /// Score under this task mask (§5).
+    #[arg(long, value_name = "NAME")]
+    pub task: Option<String>,
+    /// Score with this skill's tensors (§9): an id, `none`, `auto` or `blend[:T]` (routed
+    /// on the scored text itself).
+    #[arg(long, value_name = "ID|none|auto|blend[:T]")]
+    pub skill: Option<String>,
     #[arg(long)]
     pub json: bool,
 }
@@ -65,28 +71,22 @@ pub fn run(a: &Args) -> CmdResult {
         .unwrap_or(c.max_positions)
         .min(c.max_positions)
         .max(2);
-    let mut cache = model.new_state(window);
-    let mut ws = model.new_workspace(PREFILL_CHUNK);
-    let mut nlls = Vec::with_capacity(ids.len() - 1);
-    let v = c.vocab;
     let err = |e| model_error(&a.model.file, &e);
-    let mut windows = 0;
-    for win in ids.chunks(window) {
-        windows += 1;
-        cache.truncate(0);
-        let mut pos = 0;
-        for chunk in win.chunks(PREFILL_CHUNK) {
-            model
-                .forward(chunk, &mut cache, &mut ws, Logits::All, None)
-                .map_err(err)?;
-            for i in 0..chunk.len() {
-                if let Some(&target) = win.get(pos + i + 1) {
-                    nlls.push(nll(&ws.logits[i * v..(i + 1) * v], target));
-                }
+    let req = Request {
+        task: a.task.clone(),
+        skill: match &a.skill {
+            Some(s) => {
+                SkillRequest::parse(s).map_err(|e| CliError::usage(format!("--skill: {e}")))?
             }
-            pos += chunk.len();
-        }
+            None => SkillRequest::None,
+        },
+    };
+    let chosen = resolve(&model, &req, &ids).map_err(err)?;
+    for w in &chosen.warnings {
+        eprintln!("cortiq: warning: {w}");
     }
+    let nlls = text_nll(&model, &ids, window, &chosen.active).map_err(err)?;
+    let windows = ids.len().div_ceil(window);
     let mean = nlls.iter().sum::<f64>() / nlls.len().max(1) as f64;
     let ppl = mean.exp();
     if a.json {
@@ -98,6 +98,7 @@ pub fn run(a: &Args) -> CmdResult {
             "scored": nlls.len(),
             "windows": windows,
             "window": window,
+            "choice": cortiq_engine::runtime::session::label_of(&model, &chosen.active),
         }))?;
     } else {
         emit(&format!(

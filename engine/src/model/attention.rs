@@ -57,6 +57,11 @@ pub struct AttentionScratch {
 }
 
 impl AttentionScratch {
+    /// The last forward's per-head outputs (o_proj's input), `[t, heads·head_dim]`.
+    pub fn heads_out(&self, n: usize) -> &[f32] {
+        &self.att[..n]
+    }
+
     /// `gated`: some layer has the output gate.
     pub fn new(cfg: &AttentionConfig, t_max: usize, gated: bool) -> AttentionScratch {
         let q = t_max * cfg.n_heads * cfg.head_dim;

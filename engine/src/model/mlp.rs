@@ -22,6 +22,12 @@ pub struct MlpScratch {
 }
 
 impl MlpScratch {
+    /// The last forward's down_proj inputs `act(gate)·up`: `[t, width]`, `width` the live
+    /// neurons' count under a mask.
+    pub fn acts(&self, n: usize) -> &[f32] {
+        &self.g[..n]
+    }
+
     pub fn new(intermediate: usize, t_max: usize) -> MlpScratch {
         MlpScratch {
             g: vec![0.0; intermediate * t_max],

@@ -16,6 +16,7 @@ pub mod mlp;
 pub mod moe;
 pub mod mtp;
 pub mod norm;
+pub mod probe;
 pub mod rope;
 pub mod scope;
 pub mod select;
@@ -134,6 +135,8 @@ pub struct Workspace {
     pub keep_hidden: bool,
     /// The task mask and skill the forwards run under (the session sets it between steps).
     pub active: Active,
+    /// Statistics a calibration collects from every forward (`mask calibrate`).
+    pub probe: Option<probe::Probe>,
 }
 
 impl Workspace {
@@ -200,6 +203,7 @@ impl Workspace {
             form: Form::Auto,
             keep_hidden: false,
             active: Active::default(),
+            probe: None,
         }
     }
 
@@ -547,6 +551,9 @@ impl Model {
                 // The layers before this one have advanced: the state is unusable.
                 cache.truncate(0);
                 return Err(e);
+            }
+            if let Some(p) = ws.probe.as_mut().filter(|_| !sel.skip()) {
+                p.observe(i, layer, &ws.layer, t, sel.ffn());
             }
             if i + 1 < self.layers.len() {
                 if let Some(hs) = hidden.as_deref_mut() {
