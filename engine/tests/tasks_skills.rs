@@ -183,6 +183,10 @@ fn masked_equals_zeroed(spec: TinySpec, inter: usize, dead: Dead) {
         .map(|f| f.len())
         .sum();
     assert!(live > 0 && task.ffn_live < 1.0, "the mask masks neurons");
+    assert!(
+        task.packed_bytes() > 0,
+        "row-scaled down_proj packs its live columns"
+    );
     let active = Active {
         task: Some(Arc::new(task)),
         skill: SkillChoice::None,
@@ -250,6 +254,56 @@ fn masked_run_equals_zeroed_weights_at_two_sizes() {
             gated_off: vec![],
         },
     );
+    // 8-bit rows: down_proj's live columns are packed in q8_row (the same codes and row
+    // scales); zeroing whole gate rows re-encodes exactly.
+    let mut spec = TinySpec::awkward(dense_layers(2, 100));
+    spec.dtype = DType::Q8Row;
+    masked_equals_zeroed(
+        spec,
+        100,
+        Dead {
+            ffn: vec![
+                (0..100).filter(|j| j % 4 != 0).collect(),
+                (10..60).collect(),
+            ],
+            heads: vec![vec![], vec![]],
+            gated_off: vec![],
+        },
+    );
+}
+
+#[test]
+fn gathered_columns_decode_to_the_gathered_values() {
+    let (rows, cols) = (9usize, 40usize);
+    let values: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919) % 211) as f32 / 70.0 - 1.5)
+        .collect();
+    let keep: Vec<u32> = vec![0, 3, 4, 5, 17, 31, 39];
+    let shape = [rows as u64, cols as u64];
+    for dtype in [
+        DType::F32,
+        DType::F16,
+        DType::Bf16,
+        DType::Q8Row,
+        DType::Q8_2f,
+    ] {
+        let bytes = quant::encode(dtype, &shape, &values, &EncodeOptions::default()).unwrap();
+        let full = quant::decode(dtype, &shape, &bytes).unwrap();
+        let packed = quant::gather_columns(dtype, &shape, &bytes, &keep).unwrap();
+        let got = quant::decode(dtype, &[rows as u64, keep.len() as u64], &packed).unwrap();
+        for r in 0..rows {
+            for (k, &c) in keep.iter().enumerate() {
+                assert_eq!(
+                    got[r * keep.len() + k],
+                    full[r * cols + c as usize],
+                    "{dtype:?}"
+                );
+            }
+        }
+    }
+    let q4 = quant::encode(DType::Q4Block, &shape, &values, &EncodeOptions::default()).unwrap();
+    assert!(quant::gather_columns(DType::Q4Block, &shape, &q4, &keep).is_none());
+    assert!(quant::gather_columns(DType::F32, &shape, &[0u8; 4], &keep).is_none());
 }
 
 /// A tiny MoE layer's forward with `routable` against the restricted routing computed

@@ -8,11 +8,20 @@
 //! reports both speeds, the speed-up and the acceptance rate. The JSON also gives the
 //! session state's size: KV bytes at the benchmark's context and the recurrent
 //! (linear-attention) state, which does not grow with context.
+//!
+//! `--task NAME` / `--skill ID` also decode under that choice, interleaved with the
+//! backbone, and report both speeds, the dense FFN blocks' own time per token each way
+//! (what a sparse mask saves), and the time to switch between tokens (keeping the
+//! cache, and re-prefilling the context). `--choice-only` runs only the choice, for its
+//! peak RSS alone.
 
 use std::time::Instant;
 
+use cortiq_engine::model::select::Active;
+use cortiq_engine::model::Model;
+use cortiq_engine::runtime::choice::{resolve, Request, SkillRequest};
 use cortiq_engine::runtime::sampler::{argmax, SamplingParams};
-use cortiq_engine::runtime::session::{GenerateParams, Session, Step};
+use cortiq_engine::runtime::session::{label_of, GenerateParams, Session, Step, SwitchPolicy};
 use serde_json::json;
 
 use super::common::{emit, print_json, CliError, CmdResult, Status};
@@ -38,6 +47,16 @@ pub struct Args {
     /// `run --route-stats` do), to see what it costs.
     #[arg(long)]
     pub routes: bool,
+    /// Decode under this task mask too, interleaved with the backbone: speeds, the FFN
+    /// blocks' own time per token both ways, and the time to switch.
+    #[arg(long, value_name = "NAME")]
+    pub task: Option<String>,
+    /// Decode with this skill too (as --task; a skill id, `auto` or `blend[:T]`).
+    #[arg(long, value_name = "ID|auto|blend[:T]")]
+    pub skill: Option<String>,
+    /// With --task/--skill: run only under the choice (its peak RSS alone).
+    #[arg(long)]
+    pub choice_only: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -53,6 +72,33 @@ pub fn peak_rss_bytes() -> Option<u64> {
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// The dense FFN blocks' own time for one token (median of 9 passes over every layer),
+/// under `active`'s mask and skill or the backbone's.
+fn ffn_time(model: &Model, active: Option<&Active>) -> f64 {
+    use cortiq_engine::model::block::FeedForward;
+    use cortiq_engine::model::mlp::MlpScratch;
+    let h = model.config.hidden;
+    let x: Vec<f32> = (0..h).map(|i| ((i * 37) % 19) as f32 / 9.0 - 1.0).collect();
+    let mut out = vec![0f32; h];
+    let mut scratch = MlpScratch::new(model.config.intermediate.max(1), 1);
+    let plain = Active::default();
+    let active = active.unwrap_or(&plain);
+    let mut times: Vec<f64> = (0..9)
+        .map(|_| {
+            let t = Instant::now();
+            for (i, layer) in model.layers.iter().enumerate() {
+                let sel = active.layer(i);
+                if let (FeedForward::Dense(m), false) = (&layer.ff, sel.skip()) {
+                    m.forward(&x, 1, &mut scratch, &mut out, sel.skill, sel.ffn());
+                }
+            }
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
 }
 
 pub fn run(a: &Args) -> CmdResult {
@@ -93,6 +139,36 @@ pub fn run(a: &Args) -> CmdResult {
     if a.routes {
         session.log_routes();
     }
+    let chosen = if a.task.is_some() || a.skill.is_some() {
+        let req = Request {
+            task: a.task.clone(),
+            skill: match &a.skill {
+                Some(s) => {
+                    SkillRequest::parse(s).map_err(|e| CliError::usage(format!("--skill: {e}")))?
+                }
+                None => SkillRequest::None,
+            },
+        };
+        Some(resolve(&model, &req, &prompt).map_err(err)?)
+    } else if a.choice_only {
+        return Err(CliError::usage("--choice-only needs --task or --skill"));
+    } else {
+        None
+    };
+    let mut choice_session = match &chosen {
+        Some(r) => {
+            let mut s = Session::new(model.clone(), need);
+            s.switch(r.active.clone(), SwitchPolicy::Reprefill)
+                .map_err(err)?;
+            s.prefill(&prompt[..prompt.len().min(8)]).map_err(err)?;
+            Some(s)
+        }
+        None => None,
+    };
+    if a.choice_only {
+        // Measure the choice in the main loop; nothing runs under the backbone.
+        session = choice_session.take().expect("a choice was given");
+    }
 
     // Warm-up: page the weights in and size every buffer.
     session
@@ -102,6 +178,7 @@ pub fn run(a: &Args) -> CmdResult {
     let (mut prefill, mut decode, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
     let (mut plain_gen, mut mtp_gen) = (Vec::new(), Vec::new());
     let (mut drafted, mut accepted) = (0usize, 0usize);
+    let (mut choice_decode, mut ffn_plain, mut ffn_masked) = (Vec::new(), Vec::new(), Vec::new());
     let mut spec_session = if a.mtp {
         let mut s = Session::new(model.clone(), need);
         s.set_speculative(true).map_err(CliError::usage)?;
@@ -144,6 +221,19 @@ pub fn run(a: &Args) -> CmdResult {
                 next = argmax(session.logits()) as u32;
             }
             decode.push(a.tokens as f64 / t1.elapsed().as_secs_f64());
+            if let Some(cs) = choice_session.as_mut() {
+                cs.reset();
+                cs.prefill(&prompt).map_err(err)?;
+                let mut next = argmax(cs.logits()) as u32;
+                let t1 = Instant::now();
+                for _ in 0..a.tokens {
+                    cs.step(next).map_err(err)?;
+                    next = argmax(cs.logits()) as u32;
+                }
+                choice_decode.push(a.tokens as f64 / t1.elapsed().as_secs_f64());
+                ffn_plain.push(ffn_time(&model, None));
+                ffn_masked.push(ffn_time(&model, chosen.as_ref().map(|r| &r.active)));
+            }
             if let Some(spec) = spec_session.as_mut() {
                 plain_gen.push(gen_rate(&mut session)?.0);
                 let (rate, d, acc) = gen_rate(spec)?;
@@ -165,6 +255,41 @@ pub fn run(a: &Args) -> CmdResult {
             "acceptance": if drafted > 0 { accepted as f64 / drafted as f64 } else { 0.0 },
         })
     });
+    let choice = match (&chosen, choice_session.as_mut()) {
+        (Some(r), Some(cs)) => {
+            // Switching between tokens: to the backbone and back, keeping the cache.
+            let t = Instant::now();
+            cs.switch(Default::default(), SwitchPolicy::KeepCache)
+                .map_err(err)?;
+            cs.switch(r.active.clone(), SwitchPolicy::KeepCache)
+                .map_err(err)?;
+            let switch_s = t.elapsed().as_secs_f64() / 2.0;
+            let t = Instant::now();
+            let rep = cs
+                .switch(Default::default(), SwitchPolicy::Reprefill)
+                .map_err(err)?;
+            let reprefill_s = t.elapsed().as_secs_f64();
+            let (dense, masked) = (median(decode.clone()), median(choice_decode.clone()));
+            let (fp, fm) = (median(ffn_plain.clone()), median(ffn_masked.clone()));
+            Some(json!({
+                "label": rep.from,
+                "decode_tok_s": masked,
+                "backbone_decode_tok_s": dense,
+                "speedup": masked / dense,
+                "ffn_s_per_token": fm,
+                "backbone_ffn_s_per_token": fp,
+                "ffn_speedup": fp / fm,
+                "ffn_live": r.active.task.as_ref().map(|t| t.ffn_live),
+                "switch_keep_cache_s": switch_s,
+                "switch_reprefill_s": reprefill_s,
+                "reprefilled_positions": rep.recomputed,
+                "token_s": 1.0 / masked,
+                "blend_bytes": r.blend_bytes,
+            }))
+        }
+        (Some(r), None) => Some(json!({"label": label_of(&model, &r.active), "choice_only": true})),
+        _ => None,
+    };
     let kv_bytes = session.state().kv_bytes(need);
     let recurrent_bytes = session.state().recurrent_bytes();
     let threads = cortiq_engine::exec::threads();
@@ -196,6 +321,7 @@ pub fn run(a: &Args) -> CmdResult {
             "kv_bytes": kv_bytes,
             "recurrent_state_bytes": recurrent_bytes,
             "mtp": mtp,
+            "choice": choice,
         }))?;
     } else {
         emit(&format!(
@@ -215,6 +341,24 @@ pub fn run(a: &Args) -> CmdResult {
             kv_bytes as f64 / 1024.0,
             recurrent_bytes as f64 / 1024.0
         ))?;
+        if let Some(c) = choice.as_ref().filter(|c| c.get("speedup").is_some()) {
+            let f = |k: &str| c[k].as_f64().unwrap_or(0.0);
+            emit(&format!(
+                "  {}: decode {:.1} tok/s vs {:.1} backbone (×{:.2}); FFN blocks {:.0} µs/token vs {:.0} (×{:.2})\n  \
+                 switch: {:.1} µs keeping the cache, {:.1} ms re-prefilling {} positions; a token takes {:.1} ms\n",
+                c["label"].as_str().unwrap_or("?"),
+                f("decode_tok_s"),
+                f("backbone_decode_tok_s"),
+                f("speedup"),
+                f("ffn_s_per_token") * 1e6,
+                f("backbone_ffn_s_per_token") * 1e6,
+                f("ffn_speedup"),
+                f("switch_keep_cache_s") * 1e6,
+                f("switch_reprefill_s") * 1e3,
+                c["reprefilled_positions"],
+                f("token_s") * 1e3,
+            ))?;
+        }
         if let Some(m) = &mtp {
             emit(&format!(
                 "  MTP: decode {:.1} tok/s vs {:.1} plain (×{:.2}), drafts accepted {} of {} ({:.0}%)\n",

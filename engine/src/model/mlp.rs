@@ -1,8 +1,9 @@
 //! Gated MLP: `down(act(gate(x)) ⊙ up(x))`, SwiGLU or GeLU-tanh.
 
 use super::config::Activation;
-use super::linear::{Linear, SkillSel};
+use super::linear::{LinView, Linear, SkillSel};
 use super::scope::Scope;
+use super::select::FfnSel;
 use super::ModelError;
 
 #[derive(Clone, Debug)]
@@ -58,10 +59,11 @@ impl Mlp {
         [&mut self.gate, &mut self.up, &mut self.down]
     }
 
-    /// `h` [t, hidden] → `out` [t, hidden], with the weights `sel` picks. With `live`
-    /// (a task mask's live neurons, ascending), only those rows of gate/up are computed
-    /// and the dead neurons contribute nothing: exactly the model whose dead neurons'
-    /// weights are zero.
+    /// `h` [t, hidden] → `out` [t, hidden], with the weights `sel` picks. With `ffn` (a
+    /// task mask's live neurons, ascending), only those rows of gate/up are computed and
+    /// the dead neurons contribute nothing: exactly the model whose dead neurons' weights
+    /// are zero. down_proj reads only the live columns when the mask packed them (and no
+    /// skill replaces down_proj), else the whole matrix with zero inputs.
     pub fn forward(
         &self,
         h: &[f32],
@@ -69,8 +71,9 @@ impl Mlp {
         s: &mut MlpScratch,
         out: &mut [f32],
         sel: SkillSel,
-        live: Option<&[u32]>,
+        ffn: Option<FfnSel>,
     ) {
+        let live = ffn.map(|f| f.live);
         let width = live.map_or(self.gate.out_dim(), |l| l.len());
         let n = width * t;
         let (g, u) = (&mut s.g[..n], &mut s.u[..n]);
@@ -81,6 +84,18 @@ impl Mlp {
         let Some(live) = live else {
             return self.down.view(sel).forward(g, t, out);
         };
+        let down = self.down.view(sel);
+        if let Some(p) = ffn.and_then(|f| f.down) {
+            if std::ptr::eq(down.bytes.as_ptr(), self.down.bytes().as_ptr()) {
+                let packed = LinView {
+                    m: &p.m,
+                    bytes: &p.bytes,
+                    bias: down.bias,
+                    precision: down.precision,
+                };
+                return packed.forward(g, t, out);
+            }
+        }
         // The dead neurons' inputs to down_proj are zero.
         let inter = self.gate.out_dim();
         let wide = &mut s.wide[..inter * t];
@@ -93,7 +108,7 @@ impl Mlp {
                 row[j as usize] = a;
             }
         }
-        self.down.view(sel).forward(wide, t, out);
+        down.forward(wide, t, out);
     }
 }
 

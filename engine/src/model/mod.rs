@@ -553,7 +553,7 @@ impl Model {
                 return Err(e);
             }
             if let Some(p) = ws.probe.as_mut().filter(|_| !sel.skip()) {
-                p.observe(i, layer, &ws.layer, t, sel.ffn());
+                p.observe(i, layer, &ws.layer, t, sel.ffn().map(|f| f.live));
             }
             if i + 1 < self.layers.len() {
                 if let Some(hs) = hidden.as_deref_mut() {

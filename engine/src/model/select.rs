@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use super::block::{FeedForward, TokenMixer};
-use super::linear::{Blend, OwnedWeight, SkillSel};
+use super::linear::{Blend, Linear, OwnedWeight, SkillSel};
 use super::{Model, ModelError};
 use crate::format::dtype::DType;
 use crate::format::masks::MaskView;
@@ -23,10 +23,38 @@ pub struct LayerMask {
     pub skip: bool,
     /// Live FFN neurons, ascending (a dense layer with some neuron masked out).
     pub ffn: Option<Vec<u32>>,
+    /// The live columns of `down_proj`, packed in its own dtype, where that is exact
+    /// (row-scaled layouts; see [`crate::quant::gather_columns`]): the masked product then
+    /// reads only them. Group-quantized layouts read the whole matrix with zero inputs.
+    pub down: Option<PackedDown>,
     /// Live query heads (an attention layer with some head masked out).
     pub heads: Option<Vec<bool>>,
     /// Routable experts, one flag per expert present (a MoE layer narrowed by the task).
     pub experts: Option<Vec<bool>>,
+}
+
+/// A packed `down_proj` (see [`LayerMask::down`]); equal when it is the same packing.
+#[derive(Clone, Debug)]
+pub struct PackedDown(pub Arc<OwnedWeight>);
+
+impl PartialEq for PackedDown {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl PackedDown {
+    /// The live columns of `down` (`live` ascending), if the dtype packs exactly.
+    fn of(down: &Linear, live: &[u32]) -> Option<PackedDown> {
+        let shape = [down.out_dim() as u64, down.in_dim() as u64];
+        let bytes = crate::quant::gather_columns(down.m.dtype, &shape, down.bytes(), live)?;
+        let m = Matrix::new(down.m.dtype, &[shape[0], live.len() as u64], &bytes).ok()?;
+        Some(PackedDown(Arc::new(OwnedWeight {
+            m,
+            bytes,
+            bias: down.bias.clone(),
+        })))
+    }
 }
 
 /// A task mask resolved against a model.
@@ -86,6 +114,7 @@ impl TaskMask {
                     live_total += live.len() as u64;
                     dense_total += width;
                     if (live.len() as u64) < width {
+                        m.down = PackedDown::of(&mlp.down, &live);
                         m.ffn = Some(live);
                     }
                 }
@@ -148,6 +177,16 @@ impl TaskMask {
                 live_total as f64 / dense_total as f64
             },
         })
+    }
+
+    /// Bytes of the packed `down_proj` columns this task holds (the only weights a task
+    /// adds; see [`LayerMask::down`]).
+    pub fn packed_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .filter_map(|l| l.down.as_ref())
+            .map(|d| d.0.bytes.len())
+            .sum()
     }
 
     /// The mask named `name` of the model's file.
@@ -225,8 +264,13 @@ impl LayerSel<'_> {
     pub fn skip(&self) -> bool {
         self.mask.is_some_and(|m| m.skip)
     }
-    pub fn ffn(&self) -> Option<&[u32]> {
-        self.mask.and_then(|m| m.ffn.as_deref())
+    pub fn ffn(&self) -> Option<FfnSel<'_>> {
+        self.mask.and_then(|m| {
+            m.ffn.as_deref().map(|live| FfnSel {
+                live,
+                down: m.down.as_ref().map(|d| &*d.0),
+            })
+        })
     }
     pub fn heads(&self) -> Option<&[bool]> {
         self.mask.and_then(|m| m.heads.as_deref())
@@ -234,6 +278,13 @@ impl LayerSel<'_> {
     pub fn experts(&self) -> Option<&[bool]> {
         self.mask.and_then(|m| m.experts.as_deref())
     }
+}
+
+/// A dense layer's live neurons and its packed `down_proj`, as the MLP reads them.
+#[derive(Clone, Copy, Debug)]
+pub struct FfnSel<'a> {
+    pub live: &'a [u32],
+    pub down: Option<&'a OwnedWeight>,
 }
 
 /// `softmax(−E/T)`: a soft mix's weights from routing errors `e` at temperature `temp`.

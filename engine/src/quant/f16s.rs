@@ -124,24 +124,26 @@ pub(crate) struct HalfRows<'a, const R: usize, const BF16: bool> {
     pub cols: usize,
 }
 
-/// Rows `r0 .. r0 + R` of a float payload whose rows are `cols` long.
-fn row_bytes<const R: usize>(bytes: &[u8], size: usize, cols: usize, r0: usize) -> [&[u8]; R] {
-    std::array::from_fn(|i| &bytes[(r0 + i) * cols * size..(r0 + i + 1) * cols * size])
+/// Rows `rs` of a float payload whose rows are `cols` long.
+fn row_bytes<const R: usize>(bytes: &[u8], size: usize, cols: usize, rs: [usize; R]) -> [&[u8]; R] {
+    std::array::from_fn(|i| &bytes[rs[i] * cols * size..(rs[i] + 1) * cols * size])
 }
 
 impl<'a, const R: usize> F32Rows<'a, R> {
-    pub fn new(bytes: &'a [u8], cols: usize, r0: usize) -> Self {
+    /// Rows `rs` (any `R` rows) of the payload.
+    pub fn new_at(bytes: &'a [u8], cols: usize, rs: [usize; R]) -> Self {
         FloatRows {
-            rows: row_bytes(bytes, 4, cols, r0),
+            rows: row_bytes(bytes, 4, cols, rs),
             cols,
         }
     }
 }
 
 impl<'a, const R: usize, const BF16: bool> HalfRows<'a, R, BF16> {
-    pub fn new(bytes: &'a [u8], cols: usize, r0: usize) -> Self {
+    /// Rows `rs` (any `R` rows) of the payload.
+    pub fn new_at(bytes: &'a [u8], cols: usize, rs: [usize; R]) -> Self {
         HalfRows {
-            rows: row_bytes(bytes, 2, cols, r0),
+            rows: row_bytes(bytes, 2, cols, rs),
             cols,
         }
     }

@@ -259,13 +259,13 @@ pub fn reserve_thread_buffers(max_cols: usize, max_tokens: usize) {
     });
 }
 
-/// Hands rows `r0 .. r0 + R` of `m` to `v`: to its integer kernel when `int` (the dtype
+/// Hands rows `rs` of `m` (any `R` rows) to `v`: to its integer kernel when `int` (the dtype
 /// has one, see [`int_order`]), else in place for the fused dtypes, else decoded into this
 /// thread's scratch.
 fn block<const R: usize, V: WithRows<R>>(
     m: &Matrix,
     bytes: &[u8],
-    r0: usize,
+    rs: [usize; R],
     int: bool,
     v: &mut V,
 ) {
@@ -274,22 +274,22 @@ fn block<const R: usize, V: WithRows<R>>(
         // A `q8_2f` payload has the codes and row scales of a `q8_row` one where the
         // integer kernel reads them (its column field is in the activations).
         return match m.dtype {
-            DType::Q8Row | DType::Q8_2f => v.with_int(k, &Q8Rows::<R, false>::new(g, bytes, r0)),
-            DType::Q4Block => v.with_int(k, &Q4Rows::<R, false>::new(g, bytes, r0)),
-            DType::Q4Tiled => v.with_int(k, &Q4Rows::<R, true>::new(g, bytes, r0)),
-            DType::Q4tp => v.with_int(k, &Q4tpRows::<R>::new(g, bytes, r0)),
+            DType::Q8Row | DType::Q8_2f => v.with_int(k, &Q8Rows::<R, false>::new_at(g, bytes, rs)),
+            DType::Q4Block => v.with_int(k, &Q4Rows::<R, false>::new_at(g, bytes, rs)),
+            DType::Q4Tiled => v.with_int(k, &Q4Rows::<R, true>::new_at(g, bytes, rs)),
+            DType::Q4tp => v.with_int(k, &Q4tpRows::<R>::new_at(g, bytes, rs)),
             _ => unreachable!("no integer kernel for {}", m.dtype),
         };
     }
     match m.dtype {
-        DType::F32 => v.with(k, &F32Rows::<R>::new(bytes, g.cols, r0)),
-        DType::F16 => v.with(k, &HalfRows::<R, false>::new(bytes, g.cols, r0)),
-        DType::Bf16 => v.with(k, &HalfRows::<R, true>::new(bytes, g.cols, r0)),
-        DType::Q8Row => v.with(k, &Q8Rows::<R, false>::new(g, bytes, r0)),
-        DType::Q8_2f => v.with(k, &Q8Rows::<R, true>::new(g, bytes, r0)),
-        DType::Q4Block if m.is_fused() => v.with(k, &Q4Rows::<R, false>::new(g, bytes, r0)),
-        DType::Q4Tiled if m.is_fused() => v.with(k, &Q4Rows::<R, true>::new(g, bytes, r0)),
-        DType::Q4tp => v.with(k, &Q4tpRows::<R>::new(g, bytes, r0)),
+        DType::F32 => v.with(k, &F32Rows::<R>::new_at(bytes, g.cols, rs)),
+        DType::F16 => v.with(k, &HalfRows::<R, false>::new_at(bytes, g.cols, rs)),
+        DType::Bf16 => v.with(k, &HalfRows::<R, true>::new_at(bytes, g.cols, rs)),
+        DType::Q8Row => v.with(k, &Q8Rows::<R, false>::new_at(g, bytes, rs)),
+        DType::Q8_2f => v.with(k, &Q8Rows::<R, true>::new_at(g, bytes, rs)),
+        DType::Q4Block if m.is_fused() => v.with(k, &Q4Rows::<R, false>::new_at(g, bytes, rs)),
+        DType::Q4Tiled if m.is_fused() => v.with(k, &Q4Rows::<R, true>::new_at(g, bytes, rs)),
+        DType::Q4tp => v.with(k, &Q4tpRows::<R>::new_at(g, bytes, rs)),
         _ => SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
             let n = R * g.cols;
@@ -297,7 +297,7 @@ fn block<const R: usize, V: WithRows<R>>(
                 s.resize(n, 0.0);
             }
             for (i, row) in s[..n].chunks_exact_mut(g.cols.max(1)).enumerate() {
-                m.row(bytes, r0 + i, row);
+                m.row(bytes, rs[i], row);
             }
             let d = DecodedRows::<R> {
                 rows: std::array::from_fn(|i| &s[i * g.cols..(i + 1) * g.cols]),
@@ -497,16 +497,11 @@ pub fn matmul_each(jobs: &mut [MatmulJob], p: Precision) {
     })
 }
 
-/// The weight row of output `k`: `k` itself, or the `k`-th selected row.
+/// The weight rows of outputs `k .. k + R`: themselves, or the selected rows there (a
+/// block of any `R` rows computes each row as a block of consecutive rows would).
 #[inline]
-fn row_of(rows: Option<&[u32]>, k: usize) -> usize {
-    rows.map_or(k, |r| r[k] as usize)
-}
-
-/// How many outputs from `k` on can run as one block of `R` consecutive weight rows.
-#[inline]
-fn consecutive<const R: usize>(rows: Option<&[u32]>, k: usize, n: usize) -> bool {
-    n - k >= R && rows.is_none_or(|r| r[k + R - 1] as usize - r[k] as usize == R - 1)
+fn rows_of<const R: usize>(rows: Option<&[u32]>, k: usize) -> [usize; R] {
+    std::array::from_fn(|i| rows.map_or(k + i, |r| r[k + i] as usize))
 }
 
 fn matvec_impl(m: &Matrix, bytes: &[u8], acts: Acts, rows: Option<&[u32]>, y: &mut [f32]) {
@@ -560,15 +555,15 @@ fn matvec_rows(
     let mut at = 0;
     while at < ys.len() {
         let k = k0 + at;
-        let r = row_of(rows, k);
         let out = &mut ys[at..];
-        if consecutive::<BLOCK_ROWS>(rows, k, n) {
+        if n - k >= BLOCK_ROWS {
             let out = &mut out[..BLOCK_ROWS];
-            block::<BLOCK_ROWS, _>(m, bytes, r, int, &mut Mv { acts, cols, out });
+            let rs = rows_of::<BLOCK_ROWS>(rows, k);
+            block::<BLOCK_ROWS, _>(m, bytes, rs, int, &mut Mv { acts, cols, out });
             at += BLOCK_ROWS;
         } else {
             let out = &mut out[..1];
-            block::<1, _>(m, bytes, r, int, &mut Mv { acts, cols, out });
+            block::<1, _>(m, bytes, rows_of(rows, k), int, &mut Mv { acts, cols, out });
             at += 1;
         }
     }
@@ -680,12 +675,12 @@ fn matmul_impl(m: &Matrix, bytes: &[u8], acts: Acts, t: usize, sel: Option<&[u32
                         unsafe { out.write(j * n + k + i, v) }
                     },
                 };
-                let r = row_of(sel, k);
-                if consecutive::<BLOCK_ROWS>(sel, k, outs.end) {
-                    block::<BLOCK_ROWS, _>(m, bytes, r, acts.is_int(), &mut v);
+                if outs.end - k >= BLOCK_ROWS {
+                    let rs = rows_of::<BLOCK_ROWS>(sel, k);
+                    block::<BLOCK_ROWS, _>(m, bytes, rs, acts.is_int(), &mut v);
                     k += BLOCK_ROWS;
                 } else {
-                    block::<1, _>(m, bytes, r, acts.is_int(), &mut v);
+                    block::<1, _>(m, bytes, rows_of(sel, k), acts.is_int(), &mut v);
                     k += 1;
                 }
             }

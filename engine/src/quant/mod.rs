@@ -538,3 +538,42 @@ pub(crate) fn round_scale(dtype: DType, x: f32, qmax: f32) -> Result<f16, QuantE
 pub(crate) fn absmax(v: &[f32]) -> f32 {
     v.iter().fold(0.0f32, |m, x| m.max(x.abs()))
 }
+
+/// The payload of the `[rows, cols.len()]` matrix made of columns `cols` (ascending) of
+/// a `[rows, in]` matrix, in the same dtype, when gathering is exact: element and row-scale
+/// layouts (`f32`, `f16`, `bf16`, `q8_row`, and `q8_2f` whose column field is gathered too).
+/// `None` for group-quantized layouts, whose groups a gather would cut. A task mask packs
+/// the live columns of `down_proj` this way, so that a masked forward reads only them.
+pub fn gather_columns(dtype: DType, shape: &[u64], bytes: &[u8], cols: &[u32]) -> Option<Vec<u8>> {
+    let g = geometry(dtype, shape).ok()?;
+    validate(dtype, shape, bytes).ok()?;
+    if cols.iter().any(|&c| c as usize >= g.cols) || shape.len() != 2 {
+        return None;
+    }
+    let elem = match dtype {
+        DType::F32 => 4,
+        DType::F16 | DType::Bf16 => 2,
+        DType::Q8Row | DType::Q8_2f => 1,
+        _ => return None,
+    };
+    let n = cols.len();
+    let mut out = Vec::with_capacity(g.rows * n * elem + 2 * g.rows + 2 * n);
+    for r in 0..g.rows {
+        let row = &bytes[r * g.cols * elem..(r + 1) * g.cols * elem];
+        for &c in cols {
+            let c = c as usize;
+            out.extend_from_slice(&row[c * elem..(c + 1) * elem]);
+        }
+    }
+    if matches!(dtype, DType::Q8Row | DType::Q8_2f) {
+        let l = q8::Q8Layout::new(g);
+        out.extend_from_slice(&bytes[l.scales..l.scales + 2 * g.rows]);
+        if dtype == DType::Q8_2f {
+            for &c in cols {
+                let at = l.col_field + 2 * c as usize;
+                out.extend_from_slice(&bytes[at..at + 2]);
+            }
+        }
+    }
+    Some(out)
+}

@@ -457,8 +457,9 @@ pub(crate) struct Q4Rows<'a, const R: usize, const TILED: bool> {
 }
 
 impl<'a, const R: usize, const TILED: bool> Q4Rows<'a, R, TILED> {
-    /// Rows `r0 .. r0 + R` of a validated payload with `cols % 32 == 0`.
-    pub fn new(g: Geom, bytes: &'a [u8], r0: usize) -> Self {
+    /// Rows `rs` (any `R` rows, e.g. a task mask's live neurons) of a validated payload
+    /// with `cols % 32 == 0`.
+    pub fn new_at(g: Geom, bytes: &'a [u8], rs: [usize; R]) -> Self {
         debug_assert_eq!(g.cols % GROUP, 0);
         let gpr = g.cols / GROUP;
         let groups = g.numel / GROUP;
@@ -468,14 +469,12 @@ impl<'a, const R: usize, const TILED: bool> Q4Rows<'a, R, TILED> {
             (NIBBLE_BYTES, groups * NIBBLE_BYTES)
         };
         Q4Rows {
-            data: std::array::from_fn(|i| {
-                &bytes[(r0 + i) * gpr * stride..(r0 + i + 1) * gpr * stride]
-            }),
+            data: std::array::from_fn(|i| &bytes[rs[i] * gpr * stride..(rs[i] + 1) * gpr * stride]),
             scales: std::array::from_fn(|i| {
                 if TILED {
                     &[][..]
                 } else {
-                    &bytes[sc + (r0 + i) * gpr * 2..sc + (r0 + i + 1) * gpr * 2]
+                    &bytes[sc + rs[i] * gpr * 2..sc + (rs[i] + 1) * gpr * 2]
                 }
             }),
             cols: g.cols,
@@ -539,13 +538,13 @@ pub(crate) struct Q4tpRows<'a, const R: usize> {
 }
 
 impl<'a, const R: usize> Q4tpRows<'a, R> {
-    /// Rows `r0 .. r0 + R` of a validated payload. The `R` ladders are built side by side
-    /// (`R` independent multiplication chains instead of one chain of `31·R`), each with
-    /// exactly the operations of [`ladder`].
-    pub fn new(g: Geom, bytes: &'a [u8], r0: usize) -> Self {
+    /// Rows `rs` (any `R` rows, e.g. a task mask's live neurons) of a validated payload.
+    /// The `R` ladders are built side by side (`R` independent multiplication chains
+    /// instead of one chain of `31·R`), each with exactly the operations of [`ladder`].
+    pub fn new_at(g: Geom, bytes: &'a [u8], rs: [usize; R]) -> Self {
         let l = Q4tpLayout::new(g);
         let param = |i: usize, k: usize| {
-            f16::from_bits(super::kernel::le16(bytes, l.params + 4 * (r0 + i) + 2 * k)).to_f32()
+            f16::from_bits(super::kernel::le16(bytes, l.params + 4 * rs[i] + 2 * k)).to_f32()
         };
         let mult: [f32; R] = std::array::from_fn(|i| param(i, 1).exp2());
         let mut ladder = [[0f32; LADDER]; R];
@@ -559,11 +558,11 @@ impl<'a, const R: usize> Q4tpRows<'a, R> {
         }
         Q4tpRows {
             nib: std::array::from_fn(|i| {
-                let at = (r0 + i) * l.gpr * NIBBLE_BYTES;
+                let at = rs[i] * l.gpr * NIBBLE_BYTES;
                 &bytes[at..at + l.gpr * NIBBLE_BYTES]
             }),
             codes: std::array::from_fn(|i| {
-                let at = l.codes + (r0 + i) * l.code_bytes;
+                let at = l.codes + rs[i] * l.code_bytes;
                 &bytes[at..at + l.code_bytes]
             }),
             ladder,

@@ -327,13 +327,13 @@ pub(crate) struct Q8Rows<'a, const R: usize, const COL: bool> {
 }
 
 impl<'a, const R: usize, const COL: bool> Q8Rows<'a, R, COL> {
-    /// Rows `r0 .. r0 + R` of a validated payload.
-    pub fn new(g: Geom, bytes: &'a [u8], r0: usize) -> Self {
+    /// Rows `rs` (any `R` rows, e.g. a task mask's live neurons) of a validated payload.
+    pub fn new_at(g: Geom, bytes: &'a [u8], rs: [usize; R]) -> Self {
         let l = Q8Layout::new(g);
         Q8Rows {
-            codes: std::array::from_fn(|i| &bytes[(r0 + i) * g.cols..(r0 + i + 1) * g.cols]),
+            codes: std::array::from_fn(|i| &bytes[rs[i] * g.cols..(rs[i] + 1) * g.cols]),
             scale: std::array::from_fn(|i| {
-                super::kernel::h2f_scalar(super::kernel::le16(bytes, l.scales + 2 * (r0 + i)))
+                super::kernel::h2f_scalar(super::kernel::le16(bytes, l.scales + 2 * rs[i]))
             }),
             col: if COL {
                 &bytes[l.col_field..l.col_field + 2 * g.cols]

@@ -129,7 +129,9 @@ fn top(values: &[f64], n: usize) -> Vec<usize> {
 }
 
 /// A task mask blob (§5 layout, no expert fields) keeping, in every dense layer, the
-/// `keep` fraction of FFN neurons with the most activation mass and, in every
+/// `keep` fraction of FFN neurons with the most activation mass (weighting it by the norm
+/// of the neuron's down_proj column was tried: on SmolLM2 at keep 0.5 the held-out
+/// perplexity ratio went from ×2.06 to ×4.71) and, in every
 /// attention layer, the `keep_heads` fraction of heads with the most importance (at least
 /// one of each). `field_width` is the FFN field's width (`arch.intermediate_size`).
 /// Returns the blob and its FFN sparsity (share of the dense layers' neurons masked out).
