@@ -196,7 +196,36 @@ fn real_demo_from_the_cached_model() {
         .contains("<|im_start|>"));
     assert!(!tc.eos_token_ids.is_empty());
     assert!(f.vocab_bytes().is_some());
+    // Three calibrated task masks, each with its measured held-out quality.
+    let masks = &f.masks.as_ref().expect("the demo's task masks").meta.masks;
+    let names: Vec<&str> = masks.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names, ["code", "prose", "arithmetic"]);
+    for m in masks {
+        let q = m.quality.as_ref().expect("measured, not null");
+        assert_eq!(q["metric"], "heldout_ppl_ratio");
+        let v = q["value"].as_f64().unwrap();
+        assert!(v.is_finite() && v > 0.5 && v < 5.0, "{}: ×{v}", m.name);
+        assert!((m.sparsity.unwrap() - 0.3).abs() < 0.01);
+    }
     drop(f);
+    let r = run!(
+        "run",
+        out,
+        "--prompt",
+        "Write a Python function that adds two numbers.",
+        "--task",
+        "code",
+        "--greedy",
+        "--max-tokens",
+        "24",
+        "--json"
+    );
+    assert_eq!(code(&r), 0, "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(
+        json(&r)["text"].as_str().unwrap().contains("def "),
+        "{}",
+        json(&r)["text"]
+    );
 
     // A second start reuses the file: no import, same bytes.
     let before = std::fs::read(&out).unwrap();

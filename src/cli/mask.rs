@@ -7,11 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use cortiq_engine::chat::ChatBundle;
-use cortiq_engine::format::masks::{MaskRecord, Priority};
-use cortiq_engine::model::select::{Active, SkillChoice, TaskMask};
-use cortiq_engine::runtime::calibrate::{
-    activation_stats, mask_from_stats, mask_quality, write_with_mask,
-};
+use cortiq_engine::runtime::calibrate::{task_mask, write_with_mask, TaskSpec};
 use serde_json::{json, Value};
 
 use super::common::{
@@ -54,6 +50,10 @@ pub struct CalibrateArgs {
     /// without (without it, quality is null: not measured).
     #[arg(long, value_name = "H.txt")]
     pub heldout: Option<PathBuf>,
+    /// Calibrate on the prompt lines as raw text (default: each line as a one-turn chat,
+    /// through the file's chat template, as the task will be used).
+    #[arg(long)]
+    pub raw: bool,
     /// Replace a task of the same name.
     #[arg(long)]
     pub replace: bool,
@@ -101,10 +101,25 @@ fn calibrate(a: &CalibrateArgs) -> CmdResult {
         tok.encode(text, true)
             .map_err(|e| CliError::usage(format!("tokenizing: {e}")))
     };
+    let as_chat = |line: &str| -> Result<Vec<u32>, CliError> {
+        if a.raw {
+            return encode(line);
+        }
+        let opts = cortiq_engine::chat::template::RenderOptions {
+            add_generation_prompt: true,
+            ..Default::default()
+        };
+        let text = bundle
+            .render_chat(&json!([{"role": "user", "content": line}]), &opts)
+            .map_err(|e| CliError::usage(format!("rendering a prompt (--raw skips it): {e}")))?;
+        bundle
+            .encode_prompt(&text)
+            .map_err(|e| CliError::usage(format!("tokenizing: {e}")))
+    };
     let prompts: Vec<Vec<u32>> = read(&a.prompts, "--prompts")?
         .lines()
         .filter(|l| !l.trim().is_empty())
-        .map(encode)
+        .map(as_chat)
         .collect::<Result<_, _>>()?;
     if prompts.is_empty() {
         return Err(CliError::usage("--prompts has no prompt (one per line)"));
@@ -119,67 +134,51 @@ fn calibrate(a: &CalibrateArgs) -> CmdResult {
     if a.json {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    let probe = activation_stats(&model, &prompts, &mut |done, _| {
-        bar.set_position(done as u64)
-    })
-    .map_err(err)?;
-    bar.finish_and_clear();
-
-    let field = file
-        .header
-        .arch
-        .as_ref()
-        .and_then(|x| x.intermediate_size)
-        .map_or(model.config.intermediate, |n| n as usize);
-    let (blob, sparsity) = mask_from_stats(&model, &probe, a.keep, a.heads, field).map_err(err)?;
-
-    // Quality: the mask as the runtime will read it, on the held-out text.
-    let quality = match &a.heldout {
-        None => Value::Null,
+    let heldout = match &a.heldout {
+        None => None,
         Some(path) => {
             let text = read(path, "--heldout")?;
             let ids = encode(&text)?;
             if ids.len() < 2 {
                 return Err(CliError::usage("--heldout needs at least 2 tokens"));
             }
-            let task = task_from_blob(&model, &a.task, &blob, field)?;
-            let active = Active {
-                task: Some(std::sync::Arc::new(task)),
-                skill: SkillChoice::None,
-            };
-            let window = a.model.context(&model);
-            mask_quality(&model, &active, &ids, text.as_bytes(), window).map_err(err)?
+            Some((ids, text))
         }
     };
-    let record = MaskRecord {
-        name: a.task.clone(),
-        sparsity: Some(sparsity),
-        quality: (!quality.is_null()).then(|| quality.clone()),
-        priority: Some(Priority::Normal),
-        extra: serde_json::Map::from_iter([(
-            "calibration".to_string(),
-            json!({"prompts": prompts.len(), "tokens": probe.tokens, "keep": a.keep,
-                   "heads": a.heads, "tool": "cortiq mask calibrate"}),
-        )]),
-        ..MaskRecord::default()
+    let spec = TaskSpec {
+        name: &a.task,
+        prompts: &prompts,
+        keep: a.keep,
+        keep_heads: a.heads,
+        heldout: heldout.as_ref().map(|(i, t)| (i.as_slice(), t.as_bytes())),
+        window: a.model.context(&model),
     };
-    let summary = write_with_mask(
-        &file,
-        &a.output,
-        record,
-        blob,
-        a.replace,
-        Some(field as u64),
-    )
-    .map_err(|e| CliError {
-        kind: e.kind().to_string(),
-        message: e.message(),
-        code: 2,
-    })?;
+    let (mut record, blob, tokens) =
+        task_mask(&model, &spec, &mut |done, _| bar.set_position(done as u64)).map_err(err)?;
+    bar.finish_and_clear();
+    if let Some(c) = record.extra.get_mut("calibration") {
+        c["chat"] = json!(!a.raw);
+    }
+    let sparsity = record.sparsity.unwrap_or(0.0);
+    let quality = record.quality.clone().unwrap_or(Value::Null);
+    let field = file
+        .header
+        .arch
+        .as_ref()
+        .and_then(|x| x.intermediate_size)
+        .map_or(model.config.intermediate as u64, |n| n);
+    let summary =
+        write_with_mask(&file, &a.output, record, blob, a.replace, Some(field)).map_err(|e| {
+            CliError {
+                kind: e.kind().to_string(),
+                message: e.message(),
+                code: 2,
+            }
+        })?;
     if a.json {
         print_json(&json!({
             "ok": true, "output": summary.path, "task": a.task, "sparsity": sparsity,
-            "prompts": prompts.len(), "tokens": probe.tokens, "quality": quality,
+            "prompts": prompts.len(), "tokens": tokens, "quality": quality,
         }))?;
     } else {
         let q = match quality.get("value").and_then(Value::as_f64) {
@@ -197,34 +196,9 @@ fn calibrate(a: &CalibrateArgs) -> CmdResult {
             esc(&a.task),
             100.0 * sparsity,
             prompts.len(),
-            probe.tokens,
+            tokens,
             esc_path(&a.output)
         ))?;
     }
     Ok(Status::Success)
-}
-
-/// The runtime's view of a blob not yet in a file: it is checked by the same rules.
-fn task_from_blob(
-    model: &cortiq_engine::model::Model,
-    name: &str,
-    blob: &[u8],
-    field: usize,
-) -> Result<TaskMask, CliError> {
-    let record = MaskRecord {
-        name: name.into(),
-        ..MaskRecord::default()
-    };
-    let section = cortiq_engine::format::masks::build_section(None, vec![record], &[blob.to_vec()]);
-    let mut arch = model
-        .file
-        .header()
-        .arch
-        .clone()
-        .ok_or_else(|| CliError::usage("the file has no arch"))?;
-    arch.intermediate_size.get_or_insert(field as u64);
-    let masks = cortiq_engine::format::masks::Masks::parse(&section, Some(&arch), false)
-        .map_err(|e| CliError::usage(format!("the calibrated mask: {e}")))?;
-    let view = masks.view(&section, 0);
-    TaskMask::new(model, &view, 0).map_err(|e| model_error(Path::new(name), &e))
 }

@@ -284,8 +284,19 @@ pub fn fit_subspace(
 pub fn write_with_mask(
     file: &crate::format::CmfFile,
     out: &std::path::Path,
-    mut record: crate::format::masks::MaskRecord,
+    record: crate::format::masks::MaskRecord,
     blob: Vec<u8>,
+    replace: bool,
+    intermediate: Option<u64>,
+) -> crate::format::Result<crate::format::writer::WriteSummary> {
+    write_with_masks(file, out, vec![(record, blob)], replace, intermediate)
+}
+
+/// [`write_with_mask`] for several masks at once (one rewrite).
+pub fn write_with_masks(
+    file: &crate::format::CmfFile,
+    out: &std::path::Path,
+    new: Vec<(crate::format::masks::MaskRecord, Vec<u8>)>,
     replace: bool,
     intermediate: Option<u64>,
 ) -> crate::format::Result<crate::format::writer::WriteSummary> {
@@ -309,22 +320,24 @@ pub fn write_with_mask(
         .masks
         .as_ref()
         .and_then(|m| m.meta.default_task.clone());
-    match records.iter().position(|r| r.name == record.name) {
-        Some(i) if replace => {
-            record.task_id = records[i].task_id;
-            records[i] = record;
-            blobs[i] = blob;
-        }
-        Some(_) => {
-            return Err(parse(format!(
-                "the file already has a task {:?} (--replace replaces it)",
-                crate::format::escape_str(&record.name)
-            )))
-        }
-        None => {
-            record.task_id = records.iter().map(|r| r.task_id).max().map_or(1, |m| m + 1);
-            records.push(record);
-            blobs.push(blob);
+    for (mut record, blob) in new {
+        match records.iter().position(|r| r.name == record.name) {
+            Some(i) if replace => {
+                record.task_id = records[i].task_id;
+                records[i] = record;
+                blobs[i] = blob;
+            }
+            Some(_) => {
+                return Err(parse(format!(
+                    "the file already has a task {:?} (--replace replaces it)",
+                    crate::format::escape_str(&record.name)
+                )))
+            }
+            None => {
+                record.task_id = records.iter().map(|r| r.task_id).max().map_or(1, |m| m + 1);
+                records.push(record);
+                blobs.push(blob);
+            }
         }
     }
     spec.masks = Some(crate::format::masks::build_section(
@@ -337,4 +350,67 @@ pub fn write_with_mask(
         spec,
         file.directory.iter().map(|e| file.tensor_bytes(e)),
     )
+}
+
+/// What [`task_mask`] is asked for.
+pub struct TaskSpec<'a> {
+    pub name: &'a str,
+    /// The task's prompts, tokenized as they will be run.
+    pub prompts: &'a [Vec<u32>],
+    pub keep: f64,
+    pub keep_heads: f64,
+    /// Held-out text (its tokens and its bytes, for `dataset_sha256`) for the quality.
+    pub heldout: Option<(&'a [u32], &'a [u8])>,
+    /// Perplexity window.
+    pub window: usize,
+}
+
+/// A calibrated task mask: its record (sparsity, measured quality or null, the
+/// calibration's provenance), its blob, and the probe's token count.
+pub fn task_mask(
+    model: &Model,
+    spec: &TaskSpec,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<(crate::format::masks::MaskRecord, Vec<u8>, u64), ModelError> {
+    use crate::format::masks::{build_section, MaskRecord, Masks, Priority};
+    let probe = activation_stats(model, spec.prompts, progress)?;
+    let arch = model.file.header().arch.clone().ok_or(ModelError::NoArch)?;
+    let field = arch
+        .intermediate_size
+        .map_or(model.config.intermediate, |n| n as usize);
+    let (blob, sparsity) = mask_from_stats(model, &probe, spec.keep, spec.keep_heads, field)?;
+    let quality = match spec.heldout {
+        None => Value::Null,
+        Some((ids, bytes)) => {
+            // The mask as the runtime reads it, checked by the same rules.
+            let record = MaskRecord {
+                name: spec.name.into(),
+                ..MaskRecord::default()
+            };
+            let section = build_section(None, vec![record], &[blob.clone()]);
+            let mut arch = arch.clone();
+            arch.intermediate_size.get_or_insert(field as u64);
+            let masks = Masks::parse(&section, Some(&arch), false)
+                .map_err(|e| ModelError::Task(format!("the calibrated mask: {e}")))?;
+            let task = crate::model::select::TaskMask::new(model, &masks.view(&section, 0), 0)?;
+            let active = Active {
+                task: Some(std::sync::Arc::new(task)),
+                skill: Default::default(),
+            };
+            mask_quality(model, &active, ids, bytes, spec.window)?
+        }
+    };
+    let record = MaskRecord {
+        name: spec.name.into(),
+        sparsity: Some(sparsity),
+        quality: (!quality.is_null()).then_some(quality),
+        priority: Some(Priority::Normal),
+        extra: serde_json::Map::from_iter([(
+            "calibration".to_string(),
+            json!({"prompts": spec.prompts.len(), "tokens": probe.tokens, "keep": spec.keep,
+                   "heads": spec.keep_heads, "tool": "cortiq mask calibrate"}),
+        )]),
+        ..MaskRecord::default()
+    };
+    Ok((record, blob, probe.tokens))
 }
