@@ -53,6 +53,31 @@ pub struct TinyLayer {
     pub ff: TinyFf,
 }
 
+impl TinyLayer {
+    /// Attention (no output gate) and a dense FFN `intermediate` wide.
+    pub fn attention_dense(intermediate: u64) -> TinyLayer {
+        TinyLayer {
+            mixer: TinyMixer::Attention { gated: false },
+            ff: TinyFf::Dense { intermediate },
+        }
+    }
+
+    /// A Gated DeltaNet of one key head of `dk` and three value heads of `dv` (kernel 2)
+    /// and a dense FFN `intermediate` wide.
+    pub fn deltanet_dense(dk: u64, dv: u64, intermediate: u64) -> TinyLayer {
+        TinyLayer {
+            mixer: TinyMixer::GatedDeltaNet {
+                key_heads: 1,
+                value_heads: 3,
+                dk,
+                dv,
+                kernel: 2,
+            },
+            ff: TinyFf::Dense { intermediate },
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct TinySpec {
     pub hidden: u64,

@@ -57,7 +57,7 @@ pub(crate) fn parse_quant(name: &str) -> Result<DType, CliError> {
     }
 }
 
-fn hf_error(e: HfError) -> CliError {
+pub(crate) fn hf_error(e: HfError) -> CliError {
     match e {
         HfError::Io { .. } => CliError::io(e.to_string()),
         HfError::Unsupported(m) => CliError::usage(m),

@@ -163,6 +163,13 @@ impl ModelArgs {
         Ok(model)
     }
 
+    /// The window of a perplexity (`ppl`, a skill's quality): `--ctx`, or the model's
+    /// whole context, at least 2 tokens.
+    pub fn nll_window(&self, model: &Model) -> usize {
+        let max = model.config.max_positions;
+        self.ctx.unwrap_or(max).min(max).max(2)
+    }
+
     /// The session context: `--ctx`, or the model's maximum capped at 4096.
     pub fn context(&self, model: &Model) -> usize {
         self.ctx

@@ -1,15 +1,31 @@
-//! `cortiq skill list|export|apply|add`: the skills of §9 and standalone skill files of §9.1.
+//! `cortiq skill list|export|apply|add|bake`: the skills of §9 and standalone skill files
+//! of §9.1. `add` grows a model by a donor's tensors, `bake` by a precision skill; both
+//! fit the routing subspace to `--prompts` and measure `quality` on `--heldout` with the
+//! skill applied at run time (on a grown temporary copy, before the final file is
+//! written), or leave it null.
 
-use std::path::PathBuf;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 
-use cortiq_engine::format::header::SkillRecord;
-use cortiq_engine::format::skills::{self, SkillTensor};
-use cortiq_engine::format::{hash64::hex16, CmfFile};
+use cortiq_engine::chat::tokenizer::Tokenizer;
+use cortiq_engine::chat::ChatBundle;
+use cortiq_engine::format::hash64::hex16;
+use cortiq_engine::format::header::{Selection, SkillRecord};
+use cortiq_engine::format::skills;
+use cortiq_engine::model::Model;
+use cortiq_engine::runtime::calibrate::sha256_hex;
+use cortiq_engine::runtime::load::LoadOptions;
+use cortiq_engine::runtime::skill_author::{
+    check_id, measure, plan, selection, switchable, write, AuthorError, Encoding, Heldout, Source,
+    Target,
+};
 use serde_json::json;
 
 use super::common::{
-    emit, esc, esc_path, open, print_json, refuse_overwriting_input, CliError, CmdResult, Status,
+    emit, esc, esc_path, human_bytes, open, print_json, ranges, refuse_overwriting_input, CliError,
+    CmdResult, Status,
 };
+use super::engine::{load_error, model_error, ModelArgs};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
@@ -19,8 +35,12 @@ pub enum Command {
     Export(ExportArgs),
     /// Attach a standalone skill file to its base and write the result.
     Apply(ApplyArgs),
-    /// Grow a model by a skill taken from a donor .cmf of the same shape (append-only).
+    /// Grow a model by a skill taken from a same-architecture donor (.cmf or Hugging Face
+    /// checkpoint), with its routing subspace and measured quality (append-only).
     Add(AddArgs),
+    /// Grow a model by a precision skill: chosen layers re-encoded at a higher precision
+    /// from the weights' original, with measured quality.
+    Bake(BakeArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -52,31 +72,86 @@ pub struct ApplyArgs {
     pub json: bool,
 }
 
+/// The parts of `skill add` and `skill bake` after the tensors: routing, quality, where
+/// the grown model goes.
 #[derive(clap::Args, Debug)]
-pub struct AddArgs {
-    /// The model to grow.
-    pub base: PathBuf,
-    /// A .cmf with the same tensor shapes whose tensors become the skill's replacements.
+pub struct Authoring {
+    /// Also replace the token embedding and the LM head (they belong to no layer).
     #[arg(long)]
-    pub from: PathBuf,
-    /// New skill id.
-    #[arg(long)]
-    pub skill: String,
+    pub embeddings: bool,
     /// Display name.
     #[arg(long)]
     pub name: Option<String>,
-    /// Layers whose tensors the skill replaces, e.g. `1,2,3`.
-    #[arg(long, value_delimiter = ',', required = true)]
-    pub layers: Vec<u64>,
+    /// Prompts the skill is for, one per line (raw text, tokenized without special tokens,
+    /// as routing scores a prompt): the routing subspace (§9 `selection`) is fitted to the
+    /// backbone's hidden states of them. Without it the skill has no selection (`--skill
+    /// auto` cannot choose it).
+    #[arg(long, value_name = "P.txt")]
+    pub prompts: Option<PathBuf>,
+    /// The layer whose output is φ (default: the middle layer).
+    #[arg(long, value_name = "L", requires = "prompts")]
+    pub phi_layer: Option<u64>,
+    /// Principal directions of the subspace (default 2, at most the prompt count − 1).
+    #[arg(long, value_name = "R", requires = "prompts")]
+    pub rank: Option<u64>,
+    /// Held-out text (tokenized as `ppl --text-file` does): `quality` is its perplexity
+    /// with the skill against the backbone, measured on a grown temporary copy. Without
+    /// it, quality stays null (not measured).
+    #[arg(long, value_name = "H.txt")]
+    pub heldout: Option<PathBuf>,
     /// Write the grown model here (the base is copied, then grown).
     #[arg(short, long, conflicts_with = "in_place")]
     pub output: Option<PathBuf>,
-    /// Grow BASE itself, append-only: existing bytes never change, the envelope is
-    /// rewritten last, so an interrupted append leaves the old file valid.
+    /// Grow the base itself, append-only: existing bytes never change, the envelope is
+    /// rewritten last, so an interrupted append leaves the old file valid (quality is
+    /// measured on a temporary copy first).
     #[arg(long)]
     pub in_place: bool,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct AddArgs {
+    /// The model to grow.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The donor: a .cmf with the backbone's tensor shapes, or a Hugging Face checkpoint
+    /// directory of the same architecture (encoded in the backbone's dtypes).
+    #[arg(long)]
+    pub from: PathBuf,
+    /// New skill id.
+    #[arg(long = "skill", visible_alias = "id", value_name = "ID")]
+    pub skill: String,
+    /// Layers whose tensors the skill replaces, e.g. `1,2,3`, `4-7` or `all`.
+    #[arg(long, required = true)]
+    pub layers: String,
+    #[command(flatten)]
+    pub out: Authoring,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BakeArgs {
+    /// The model to grow (e.g. a q4 backbone).
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The higher-precision source of the same weights: a Hugging Face checkpoint
+    /// directory or a .cmf with the same tensor names and shapes (the f16/q8 original).
+    #[arg(long)]
+    pub from: PathBuf,
+    /// Layers to bake, e.g. `0-3`, `all`.
+    #[arg(long, required = true)]
+    pub layers: String,
+    /// The skill's dtype: q8, q8_2f, q4, f16, bf16, f32, ... (`q8_row` where it cannot
+    /// hold a shape); only tensors it stores at more bits per weight than the backbone
+    /// are baked.
+    #[arg(long, value_name = "Q")]
+    pub quant: String,
+    /// New skill id.
+    #[arg(long = "id", visible_alias = "skill", value_name = "ID")]
+    pub skill: String,
+    #[command(flatten)]
+    pub out: Authoring,
 }
 
 impl Command {
@@ -85,7 +160,8 @@ impl Command {
             Command::List(a) => a.json,
             Command::Export(a) => a.json,
             Command::Apply(a) => a.json,
-            Command::Add(a) => a.json,
+            Command::Add(a) => a.out.json,
+            Command::Bake(a) => a.out.json,
         }
     }
 }
@@ -149,67 +225,366 @@ pub fn run(cmd: &Command) -> CmdResult {
             )
         }
         Command::Add(a) => add(a),
+        Command::Bake(a) => bake(a),
     }
 }
 
+/// What `skill add` and `skill bake` differ in.
+struct Job<'a> {
+    model: &'a ModelArgs,
+    from: &'a Path,
+    skill: &'a str,
+    layers: &'a str,
+    encoding: Encoding,
+    out: &'a Authoring,
+}
+
 fn add(a: &AddArgs) -> CmdResult {
-    if a.output.is_none() && !a.in_place {
-        return Err(CliError::usage(
-            "say where the grown model goes: -o OUT, or --in-place to grow BASE itself",
-        ));
+    author(&Job {
+        model: &a.model,
+        from: &a.from,
+        skill: &a.skill,
+        layers: &a.layers,
+        encoding: Encoding::Donor,
+        out: &a.out,
+    })
+}
+
+fn bake(a: &BakeArgs) -> CmdResult {
+    let quant = super::convert::parse_quant(&a.quant)?;
+    author(&Job {
+        model: &a.model,
+        from: &a.from,
+        skill: &a.skill,
+        layers: &a.layers,
+        encoding: Encoding::Precision(quant),
+        out: &a.out,
+    })
+}
+
+/// An authoring failure: the user's request exits 2, a damaged source 1.
+fn author_error(path: &Path, e: AuthorError) -> CliError {
+    match e {
+        AuthorError::Request(m) => CliError::usage(m),
+        AuthorError::Format(f) => CliError::format(path, &f),
+        AuthorError::Hf(h) => super::convert::hf_error(h),
+        AuthorError::Load(l) => load_error(path, l),
+        AuthorError::Model(m) => model_error(path, &m),
+        e @ AuthorError::Quant { .. } => CliError {
+            kind: "Quant".into(),
+            message: format!("{}: {e}", path.display()),
+            code: 1,
+        },
     }
-    if let Some(out) = &a.output {
-        refuse_overwriting_input(&[&a.base, &a.from], out)?;
-    }
-    let base = open(&a.base)?;
-    let donor: CmfFile = open(&a.from)?;
-    let mut tensors = Vec::new();
-    for e in donor.directory.iter() {
-        if e.name.starts_with(skills::PREFIX) || !e.layer().is_some_and(|l| a.layers.contains(&l)) {
-            continue;
+}
+
+/// `--layers`: a list with ranges, or `all`.
+fn layer_set(s: &str, n_layers: u64) -> Result<BTreeSet<u64>, CliError> {
+    if s.trim() == "all" {
+        if n_layers == 0 {
+            return Err(CliError::usage("--layers all: the model has no layers"));
         }
-        tensors.push(SkillTensor {
-            base_name: e.name.clone(),
-            dtype: e.dtype,
-            shape: e.shape.clone(),
-            bytes: donor.tensor_bytes(e),
-        });
+        return Ok((0..n_layers).collect());
     }
-    if tensors.is_empty() {
+    let set = super::requant::parse_layer_list(s)?;
+    match set.iter().find(|&&l| l >= n_layers) {
+        Some(l) => Err(CliError::usage(format!(
+            "--layers: layer {l} is past the model's {n_layers} layers"
+        ))),
+        None => Ok(set),
+    }
+}
+
+fn read_text(path: &Path, flag: &str) -> Result<String, CliError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| CliError::usage(format!("{flag} {}: {e}", path.display())))
+}
+
+/// A fitted routing subspace and what it was fitted on.
+struct Fitted {
+    selection: Selection,
+    prompts: usize,
+    tokens: usize,
+    sha256: String,
+}
+
+fn fit(out: &Authoring, path: &Path, model: &Model, tok: &Tokenizer) -> Result<Fitted, CliError> {
+    let text = read_text(path, "--prompts")?;
+    let prompts: Vec<Vec<u32>> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| tok.encode(l, false))
+        .filter(|r| r.as_ref().map_or(true, |ids| !ids.is_empty()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| CliError::usage(format!("tokenizing --prompts: {e}")))?;
+    if prompts.is_empty() {
         return Err(CliError::usage(format!(
-            "the donor has no tensors in layers {:?}",
-            a.layers
+            "--prompts {}: no prompt (one per line)",
+            path.display()
         )));
     }
-    let record = SkillRecord {
-        id: a.skill.clone(),
-        name: a.name.clone(),
-        layers: a.layers.clone(),
-        quality: None, // not measured: a converter never declares quality (§5.1, §9)
-        provenance: Some(
-            json!({"donor": a.from.file_name().map(|n| n.to_string_lossy().into_owned())}),
-        ),
+    let n_layers = model.layers.len() as u64;
+    let phi_layer = out.phi_layer.unwrap_or(n_layers / 2);
+    if phi_layer >= n_layers {
+        return Err(CliError::usage(format!(
+            "--phi-layer {phi_layer}: the model has {n_layers} layers (0..{})",
+            n_layers.saturating_sub(1)
+        )));
+    }
+    let most = (prompts.len() as u64 - 1).max(1);
+    let rank = match out.rank {
+        None => 2.min(most),
+        Some(0) => return Err(CliError::usage("--rank must be at least 1")),
+        Some(r) if r > most => {
+            return Err(CliError::usage(format!(
+                "--rank {r}: {} prompts span at most {most} directions around their mean",
+                prompts.len()
+            )))
+        }
+        Some(r) => r,
+    };
+    let selection = selection(model, &prompts, phi_layer as usize, rank as usize)
+        .map_err(|e| author_error(path, e))?;
+    Ok(Fitted {
+        selection,
+        prompts: prompts.len(),
+        tokens: prompts.iter().map(Vec::len).sum(),
+        sha256: sha256_hex(text.as_bytes()),
+    })
+}
+
+fn author(j: &Job) -> CmdResult {
+    let out = j.out;
+    if out.output.is_none() && !out.in_place {
+        return Err(CliError::usage(
+            "say where the grown model goes: -o OUT, or --in-place to grow the base itself",
+        ));
+    }
+    let base_path = j.model.file.as_path();
+    let mut inputs = vec![base_path, j.from];
+    inputs.extend(out.prompts.as_deref());
+    inputs.extend(out.heldout.as_deref());
+    if let Some(o) = &out.output {
+        refuse_overwriting_input(&inputs, o)?;
+    }
+    let base = open(base_path)?;
+    if base.header.shard.is_some() {
+        return Err(CliError::usage(format!(
+            "{}: one shard of a sharded model (§10); skills grow a single-file model",
+            base_path.display()
+        )));
+    }
+    check_id(&base, j.skill).map_err(|e| author_error(base_path, e))?;
+    let n_layers = base.header.arch.as_ref().map_or(0, |a| a.num_layers);
+    let layers = layer_set(j.layers, n_layers)?;
+    let needs_model = out.prompts.is_some() || out.heldout.is_some();
+    let model = match j.model.load() {
+        Ok(m) => Some(m),
+        // The format-level growth works without the engine: replace the matrices.
+        Err(e) if e.kind == "Model" && !needs_model => {
+            eprintln!(
+                "cortiq: warning: {}; replacing every matrix of the layers",
+                esc(&e.message)
+            );
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    let names: BTreeSet<String> = match &model {
+        Some(m) => switchable(m),
+        None => base
+            .directory
+            .iter()
+            .filter(|e| e.shape.len() == 2)
+            .flat_map(|e| {
+                let stem = e.name.strip_suffix(".weight").unwrap_or(&e.name);
+                [e.name.clone(), format!("{stem}.bias")]
+            })
+            .collect(),
+    };
+    let source = Source::open(j.from).map_err(|e| author_error(j.from, e))?;
+    let plan = plan(
+        &base,
+        &|n| names.contains(n),
+        &source,
+        &layers,
+        out.embeddings,
+        j.encoding,
+    )
+    .map_err(|e| author_error(j.from, e))?;
+    if plan.tensors.is_empty() {
+        let why = plan
+            .skipped
+            .iter()
+            .find(|s| s.unchanged)
+            .or(plan.skipped.first())
+            .map_or("the layers have no such tensors".into(), |s| {
+                format!("{}: {}", s.tensor, s.reason)
+            });
+        return Err(CliError::usage(format!(
+            "nothing to replace in layers {}: every tensor stays the backbone's ({why})",
+            ranges(layers.iter().copied())
+        )));
+    }
+
+    let tok = match (&model, needs_model) {
+        (Some(m), true) => {
+            let bundle = ChatBundle::from_model(&m.file)
+                .map_err(|e| CliError::usage(format!("{}: {e}", base_path.display())))?;
+            Some(bundle)
+        }
+        _ => None,
+    };
+    let tokenizer = || {
+        tok.as_ref().and_then(|b| b.tokenizer()).ok_or_else(|| {
+            CliError::usage(format!(
+                "{}: the file has no tokenizer for --prompts / --heldout",
+                base_path.display()
+            ))
+        })
+    };
+    let fitted = match (&out.prompts, &model) {
+        (Some(p), Some(m)) => Some(fit(out, p, m, tokenizer()?)?),
+        _ => None,
+    };
+
+    let source_name = j.from.file_name().map(|n| n.to_string_lossy().into_owned());
+    let mut provenance = match j.encoding {
+        Encoding::Donor => json!({"kind": "donor", "donor": source_name,
+                                   "donor_kind": source.kind(), "tool": "cortiq skill add"}),
+        Encoding::Precision(q) => json!({"kind": "precision", "quant": q.name(),
+                                          "source": source_name, "source_kind": source.kind(),
+                                          "tool": "cortiq skill bake"}),
+    };
+    if let Some(f) = &fitted {
+        provenance["prompts"] = json!({"count": f.prompts, "tokens": f.tokens,
+                                       "sha256": f.sha256});
+    }
+    if !plan.fallbacks.is_empty() {
+        provenance["fallbacks"] = json!(plan.fallbacks);
+    }
+    let mut record = SkillRecord {
+        id: j.skill.to_string(),
+        name: out.name.clone(),
+        layers: plan.layers(),
+        selection: fitted.as_ref().map(|f| f.selection.clone()),
+        // Measured below or null: a converter never declares quality (§5.1, §9).
+        quality: None,
+        provenance: Some(provenance),
         ..Default::default()
     };
-    let n = tensors.len();
-    let target = if a.in_place {
-        drop(base);
-        skills::append_skill_in_place(&a.base, record, &tensors).map_err(write_err)?;
-        a.base.clone()
-    } else {
-        let out = a.output.clone().expect("checked above");
-        drop(base);
-        skills::add_skill_to_copy(&a.base, &out, record, &tensors).map_err(write_err)?;
-        out
+    let tensors = plan.skill_tensors();
+
+    let quality = match (&out.heldout, &model) {
+        (Some(h), Some(m)) => {
+            let text = read_text(h, "--heldout")?;
+            let ids = tokenizer()?
+                .encode(&text, true)
+                .map_err(|e| CliError::usage(format!("tokenizing --heldout: {e}")))?;
+            let window = j.model.nll_window(m);
+            let scratch = match &out.output {
+                Some(o) => parent_dir(o),
+                None => parent_dir(base_path),
+            };
+            let load = LoadOptions {
+                skip_verify: true,
+                overrides: j.model.overrides()?,
+                precision: m.precision(),
+            };
+            let held = Heldout {
+                ids: &ids,
+                bytes: text.as_bytes(),
+                window,
+            };
+            let q = measure(base_path, &scratch, &record, &tensors, &held, &load)
+                .map_err(|e| author_error(base_path, e))?;
+            Some(q)
+        }
+        _ => None,
     };
-    done(
-        a.json,
-        json!({"ok": true, "output": target, "skill": a.skill, "tensors": n}),
-        format!(
-            "added skill {} ({n} tensors, layers {:?}) to {}\n",
-            esc(&a.skill),
-            a.layers,
-            esc_path(&target)
-        ),
-    )
+    record.quality = quality.clone();
+    let selection = record.selection.clone();
+    let replaced_layers = record.layers.clone();
+    drop(model);
+    drop(base); // unmap before an in-place append
+    let target = match &out.output {
+        Some(o) => Target::Copy(o),
+        None => Target::InPlace,
+    };
+    let written = write(base_path, target, record, &tensors).map_err(|e| match e {
+        AuthorError::Format(f) => write_err(f),
+        other => author_error(base_path, other),
+    })?;
+
+    let n = tensors.len();
+    let doc = json!({
+        "ok": true,
+        "output": written,
+        "skill": j.skill,
+        "tensors": n,
+        "bytes": plan.bytes(),
+        "layers": replaced_layers,
+        "selection": selection.as_ref().map(|s| json!({
+            "metric": s.metric, "phi_layer": s.phi_layer, "rank": s.rank,
+            "prompts": fitted.as_ref().map(|f| f.prompts),
+        })),
+        "quality": quality,
+        "skipped": plan.skipped,
+        "fallbacks": plan.fallbacks,
+        "provenance_kind": match j.encoding { Encoding::Donor => "donor", Encoding::Precision(_) => "precision" },
+    });
+    let mut text = format!(
+        "{} {} ({n} tensors, {}, layers {}) to {}\n",
+        match j.encoding {
+            Encoding::Donor => "added skill",
+            Encoding::Precision(_) => "baked precision skill",
+        },
+        esc(j.skill),
+        human_bytes(plan.bytes()),
+        ranges(replaced_layers.iter().copied()),
+        esc_path(&written)
+    );
+    match (&selection, &fitted) {
+        (Some(s), Some(f)) => text.push_str(&format!(
+            "  routing: subspace of rank {} at layer {}, fitted on {} prompts ({} tokens)\n",
+            s.rank.unwrap_or(0),
+            s.phi_layer,
+            f.prompts,
+            f.tokens
+        )),
+        _ => text
+            .push_str("  routing: no selection (no --prompts): `--skill auto` cannot choose it\n"),
+    }
+    match &quality {
+        Some(q) => text.push_str(&format!(
+            "  quality: held-out perplexity {:.4} with the skill, {:.4} backbone ({} tokens)\n",
+            q["overlaid"].as_f64().unwrap_or(f64::NAN),
+            q["backbone"].as_f64().unwrap_or(f64::NAN),
+            q["n_samples"]
+        )),
+        None => text.push_str("  quality: not measured (no --heldout)\n"),
+    }
+    let kept = plan.skipped.len();
+    if kept > 0 {
+        text.push_str(&format!(
+            "  {kept} tensor{} of the layers stay the backbone's (--json lists them and why)\n",
+            if kept == 1 { "" } else { "s" }
+        ));
+    }
+    for f in &plan.fallbacks {
+        text.push_str(&format!(
+            "  {}: {} ({})\n",
+            esc(&f.tensor),
+            f.dtype,
+            esc(&f.reason)
+        ));
+    }
+    done(out.json, doc, text)
+}
+
+fn parent_dir(p: &Path) -> PathBuf {
+    match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
 }

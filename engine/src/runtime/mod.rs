@@ -8,4 +8,5 @@ pub mod metrics;
 pub mod routes;
 pub mod sampler;
 pub mod session;
+pub mod skill_author;
 pub mod skill_route;
