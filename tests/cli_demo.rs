@@ -207,6 +207,17 @@ fn real_demo_from_the_cached_model() {
         assert!(v.is_finite() && v > 0.5 && v < 5.0, "{}: ×{v}", m.name);
         assert!((m.sparsity.unwrap() - 0.3).abs() < 0.01);
     }
+    // The precision skill: the 4-bit tail at 8 bits, measured better on its held-out text.
+    let skills = f.header.skills.as_ref().expect("the demo's skill");
+    assert_eq!(skills.len(), 1);
+    assert_eq!(skills[0].id, "precise");
+    let q = skills[0].quality.as_ref().expect("measured");
+    let (backbone, overlaid) = (
+        q["backbone"].as_f64().unwrap(),
+        q["overlaid"].as_f64().unwrap(),
+    );
+    assert!(overlaid < backbone, "{overlaid} vs {backbone}");
+    assert!(skills[0].selection.is_some());
     drop(f);
     let r = run!(
         "run",

@@ -127,6 +127,7 @@ fn demo_provenance() -> Value {
         "suggested_prompt": SUGGESTED_PROMPT,
         "tasks": TASKS.iter().map(|t| t.0).collect::<Vec<_>>(),
         "task_keep": TASK_KEEP,
+        "skills": ["precise"],
     })
 }
 
@@ -153,20 +154,13 @@ pub fn run(args: &Args) -> CmdResult {
         }
     };
     refuse_overwriting_input(&[&gguf], &args.output)?;
-    // Imported beside the output, then rewritten with the calibrated masks.
-    let staged = tempfile::Builder::new()
-        .prefix(".cortiq-demo-")
-        .suffix(".cmf")
-        .tempfile_in(
-            args.output
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new(".")),
-        )
-        .map_err(|e| CliError::io(format!("a temporary file beside the output: {e}")))?;
+    // Imported beside the output, then rewritten with the calibrated masks and the skill.
+    let staged = staged_beside(&args.output)?;
     let warnings = import(&gguf, staged.path(), args.progress())?;
-    add_tasks(staged.path(), &args.output, args.progress())?;
-    drop(staged);
+    let with_tasks = staged_beside(&args.output)?;
+    add_tasks(staged.path(), with_tasks.path(), args.progress())?;
+    add_precision_skill(&gguf, with_tasks.path(), &args.output, args.progress())?;
+    drop((staged, with_tasks));
     let file = open(&args.output)?;
     if !verify(&file, &VerifyOptions::default(), &|_| {}).ok {
         return Err(CliError {
@@ -176,6 +170,101 @@ pub fn run(args: &Args) -> CmdResult {
         });
     }
     real_done(args, file, false, Some((gguf, warnings)), started)
+}
+
+/// A temporary file beside `out` (removed when dropped).
+fn staged_beside(out: &Path) -> Result<tempfile::NamedTempFile, CliError> {
+    tempfile::Builder::new()
+        .prefix(".cortiq-demo-")
+        .suffix(".cmf")
+        .tempfile_in(
+            out.parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new(".")),
+        )
+        .map_err(|e| CliError::io(format!("a temporary file beside the output: {e}")))
+}
+
+/// The demo's skill `precise`: the recipe stores the last two layers' MLP at 4 bits; the
+/// skill holds them at 8 bits (`q8_2f`, re-encoded from the GGUF), a precision skill with
+/// measured quality on the arithmetic held-out text, routed to by arithmetic prompts.
+fn add_precision_skill(
+    gguf: &Path,
+    src: &Path,
+    out: &Path,
+    progress: bool,
+) -> Result<(), CliError> {
+    use cortiq_engine::runtime::skill_author::{self as author, Encoding, Heldout, Source, Target};
+    let fail = |e: String| CliError {
+        kind: "Demo".into(),
+        message: format!("the demo's skill: {e}"),
+        code: 1,
+    };
+    let eight = staged_beside(out)?;
+    import_with(gguf, eight.path(), progress, &[])?;
+    let source = Source::open(eight.path()).map_err(|e| fail(e.to_string()))?;
+    let base = open(src)?;
+    let model = cortiq_engine::model::Model::load(std::sync::Arc::new(
+        cortiq_engine::format::CmfModel::open(src).map_err(|e| fail(e.to_string()))?,
+    ))
+    .map_err(|e| fail(e.to_string()))?;
+    let switchable = author::switchable(&model);
+    let layers: std::collections::BTreeSet<u64> = [28, 29].into();
+    let plan = author::plan(
+        &base,
+        &|n: &str| switchable.contains(n),
+        &source,
+        &layers,
+        false,
+        Encoding::Precision(DType::Q8_2f),
+    )
+    .map_err(|e| fail(e.to_string()))?;
+    let (_, prompts, heldout) = TASKS[2];
+    let bundle = cortiq_engine::chat::ChatBundle::from_model(&model.file)
+        .map_err(|e| fail(e.to_string()))?;
+    let tok = bundle
+        .tokenizer()
+        .ok_or_else(|| fail("no tokenizer".into()))?;
+    let ids: Vec<Vec<u32>> = prompts
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| tok.encode(l, false))
+        .collect::<Result<_, _>>()
+        .map_err(|e| fail(e.to_string()))?;
+    let phi_layer = model.layers.len() / 2;
+    let selection =
+        author::selection(&model, &ids, phi_layer, 2).map_err(|e| fail(e.to_string()))?;
+    drop(model);
+    let mut record = cortiq_engine::format::header::SkillRecord {
+        id: "precise".into(),
+        name: Some("8-bit tail (layers 28-29 MLP)".into()),
+        layers: plan.layers(),
+        selection: Some(selection),
+        provenance: Some(json!({"kind": "precision", "quant": "q8_2f", "source": SOURCE_FILE})),
+        ..Default::default()
+    };
+    let held = tok.encode(heldout, true).map_err(|e| fail(e.to_string()))?;
+    let tensors = plan.skill_tensors();
+    let scratch = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let quality = author::measure(
+        src,
+        scratch,
+        &record,
+        &tensors,
+        &Heldout {
+            ids: &held,
+            bytes: heldout.as_bytes(),
+            window: 1024,
+        },
+        &Default::default(),
+    )
+    .map_err(|e| fail(e.to_string()))?;
+    record.quality = Some(quality);
+    author::write(src, Target::Copy(out), record, &tensors).map_err(|e| fail(e.to_string()))?;
+    Ok(())
 }
 
 /// Calibrates the demo's task masks on `src` (one-turn chats of each prompt set) with
@@ -318,6 +407,16 @@ fn fetch_model(progress: bool) -> Result<PathBuf, String> {
 /// Imports the fetched GGUF with the demo recipe, a progress bar per tensor; the import's
 /// warnings (for the summary, not stderr).
 fn import(gguf: &Path, out: &Path, progress: bool) -> Result<Vec<String>, CliError> {
+    import_with(gguf, out, progress, &OVERRIDES)
+}
+
+/// The import of the recipe with `rules` as its dtype overrides.
+fn import_with(
+    gguf: &Path,
+    out: &Path,
+    progress: bool,
+    rules: &[&str],
+) -> Result<Vec<String>, CliError> {
     let invalid = |e: String| CliError {
         kind: "InvalidGguf".into(),
         message: format!("{}: {e}", gguf.display()),
@@ -328,7 +427,7 @@ fn import(gguf: &Path, out: &Path, progress: bool) -> Result<Vec<String>, CliErr
         .gguf
         .tensors
         .len();
-    let overrides = OVERRIDES
+    let overrides = rules
         .iter()
         .map(|s| DTypeOverride::parse(s))
         .collect::<Result<Vec<_>, _>>()

@@ -387,7 +387,7 @@ pub fn task_mask(
                 name: spec.name.into(),
                 ..MaskRecord::default()
             };
-            let section = build_section(None, vec![record], &[blob.clone()]);
+            let section = build_section(None, vec![record], std::slice::from_ref(&blob));
             let mut arch = arch.clone();
             arch.intermediate_size.get_or_insert(field as u64);
             let masks = Masks::parse(&section, Some(&arch), false)
