@@ -1,8 +1,8 @@
 //! End-to-end: the workbench in a real terminal. tmux runs `cortiq` on a fixture, keys are
 //! sent with send-keys and the screen is read with capture-pane: every view is visited,
 //! tensors are filtered, a histogram opened, verify run to green, a corrupted copy opened
-//! to its error view, a MoE chat's routes shown in the routing view, and quitting leaves
-//! the terminal (the tmux pane) cleanly.
+//! to its error view, a MoE chat's routes shown in the routing view (with a task switch
+//! in the chat first), and quitting leaves the terminal (the tmux pane) cleanly.
 
 mod common;
 use common::tmux::Session;
@@ -95,6 +95,17 @@ fn the_routing_view_shows_a_moe_chats_experts() {
         &["tok/s", "token limit"],
         std::time::Duration::from_secs(60),
     );
+    // A task switch between answers: one the engine refuses says why, one it takes
+    // marks the transcript (re-prefill, the default policy).
+    s.literal("/task code");
+    s.keys(&["Enter"]);
+    s.wait_for(&["cannot switch", "mixture of experts"]);
+    s.literal("/task general");
+    s.keys(&["Enter"]);
+    s.wait_for(&[
+        "── task general · re-prefilled",
+        "task general · switch re-prefills",
+    ]);
     // Esc leaves the input, so 7 switches views instead of typing.
     s.keys(&["Escape", "7"]);
     let screen = s.wait_for(&[

@@ -3,26 +3,42 @@
 //! and the handle on the chat worker that owns the model. Rendering is a pure function
 //! of this state through `cortiq_views::chat`; the only memo is the Markdown lines of
 //! each message per width.
+//!
+//! Task masks and skills: F6 picks the task, F7 the skill (`none`, an id, `auto`,
+//! `blend` with its temperature), F8 what a switch does to the cache (keep it: fast,
+//! approximate; re-prefill: exact), and `/task`, `/skill`, `/switch` do the same in the
+//! input. A pick goes to the worker at once; the worker runs one command at a time, so a
+//! pick made while an answer streams applies after that answer (the status says so).
+//! Each switch puts a divider in the transcript; each answer names the choice it ran
+//! under. F9 opens compare mode (`super::compare`).
 
 use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::mpsc::Sender;
 
 use cortiq_engine::chat::conversation::{Message, Role, SavedSession, Settings};
 use cortiq_engine::model::Precision;
-use cortiq_engine::runtime::session::{GenerationStats, StopReason};
+use cortiq_engine::runtime::choice::{Request, SkillRequest};
+use cortiq_engine::runtime::session::{GenerationStats, StopReason, SwitchPolicy};
 use cortiq_views::chat::{
-    self as widget, AltTokenVm, BodyVm, ChatState as Phase, ChatVm, EditVm, InputVm, MessageVm,
-    NoticeVm, PopupVm, PromptTokenVm, PromptVm, SamplerParams, SamplingRowVm, SamplingVm,
-    SettingsField, SettingsVm, StatusVm, TokenInspectorVm, TokenVm,
+    self as widget, AltTokenVm, BodyVm, ChatState as Phase, ChatVm, DividerVm, EditVm, InputVm,
+    MessageVm, NoticeVm, PopupVm, PromptTokenVm, PromptVm, SamplerParams, SamplingRowVm,
+    SamplingVm, SettingsField, SettingsVm, StatusVm, TokenInspectorVm, TokenVm,
 };
+use cortiq_views::choice::{CompareRowVm, CompareSideVm, CompareVm, PickRowVm, PickerVm};
 use cortiq_views::markdown::{self, MdOptions};
+use cortiq_views::util::esc;
 use cortiq_views::Theme;
 use ratatui::layout::Rect;
 use ratatui::text::Line;
 use ratatui::Frame;
 
-use super::chat_worker::{ChatCommand, ChatReport, ChatWorker, TokenReport};
+use super::chat_worker::{
+    ActiveInfo, ChatCommand, ChatReport, ChatWorker, SharedEngine, TokenReport,
+};
+use super::choice::{self, Choices};
+use super::compare::{self, CompareJob, CompareReport, CompareState, Divergence};
 use super::Action;
 
 /// Chat commands (keys of the keymap's Chat section).
@@ -44,6 +60,21 @@ pub enum ChatCmd {
     Thinking,
     Save,
     Override,
+    /// The task picker (F6).
+    TaskPicker,
+    /// The skill picker (F7).
+    SkillPicker,
+    /// Keep the cache or re-prefill at a switch (F8).
+    Policy,
+    /// Compare mode (F9).
+    Compare,
+}
+
+/// Background work the chat asks of the app's jobs (it has no handle on them itself).
+#[derive(Clone, Debug)]
+pub enum JobRequest {
+    Compare(Box<CompareJob>),
+    CancelCompare,
 }
 
 /// One message as shown.
@@ -58,6 +89,8 @@ pub struct ChatMsg {
     pub stopped: bool,
     pub error: Option<String>,
     pub meta: Option<String>,
+    /// The task/skill label an answer was generated under (`None`: the backbone).
+    pub choice: Option<String>,
 }
 
 /// Where the model stands.
@@ -95,6 +128,13 @@ enum Popup {
     Token {
         index: usize,
     },
+    Task {
+        row: usize,
+    },
+    Skill {
+        row: usize,
+    },
+    Compare(Box<CompareState>),
 }
 
 /// A single-line-or-more text field with a cursor (char index).
@@ -182,6 +222,28 @@ pub struct ChatState {
     model_path: PathBuf,
     cache: RefCell<Vec<Rendered>>,
     tick: usize,
+    /// The file's tasks and skills (set when the view starts).
+    pub choices: Choices,
+    /// What the worker holds: the task and skill asked for (from its reports).
+    pub request: Request,
+    /// What a switch does to the cached positions (the user's choice).
+    pub policy: SwitchPolicy,
+    /// What the forwards run under (from the worker's reports).
+    pub active: ActiveInfo,
+    /// Switch markers: before which message, and the divider's text.
+    pub dividers: Vec<(usize, String)>,
+    /// Warnings already shown (each once).
+    warned: BTreeSet<String>,
+    /// The blend temperature of the skill picker.
+    pub blend_t: f32,
+    /// The worker's model, for compare runs.
+    engine: Option<SharedEngine>,
+    /// Id of the last `Choose` sent (the worker's reports carry it back); `Some` while
+    /// it has not been answered.
+    choosing: Option<u64>,
+    choose_seq: u64,
+    job_requests: Vec<JobRequest>,
+    compare_runs: u64,
 }
 
 fn sampler_of(s: &Settings) -> SamplerParams {
@@ -249,7 +311,105 @@ impl ChatState {
             model_path: path,
             cache: RefCell::new(Vec::new()),
             tick: 0,
+            choices: Choices::default(),
+            request: Request::default(),
+            policy: SwitchPolicy::Reprefill,
+            active: ActiveInfo::default(),
+            dividers: Vec::new(),
+            warned: BTreeSet::new(),
+            blend_t: choice::BLEND_T,
+            engine: None,
+            choosing: None,
+            choose_seq: 0,
+            job_requests: Vec::new(),
+            compare_runs: 0,
         }
+    }
+
+    /// The background work asked for since the last call (the app's jobs run it).
+    pub fn take_job_requests(&mut self) -> Vec<JobRequest> {
+        std::mem::take(&mut self.job_requests)
+    }
+
+    /// The text of the last user message, if any.
+    pub fn last_user_text(&self) -> Option<&str> {
+        self.messages
+            .iter()
+            .rev()
+            .find(|m| m.role == Some(Role::User))
+            .map(|m| m.text.as_str())
+    }
+
+    /// Asks the worker to run under `request` from now on (after a running answer).
+    fn choose(&mut self, request: Request) -> Option<String> {
+        self.choose_seq += 1;
+        self.choosing = Some(self.choose_seq);
+        self.send(ChatCommand::Choose {
+            job: self.choose_seq,
+            request: request.clone(),
+            policy: self.policy,
+        });
+        let what = choice::request_text(&request);
+        Some(if self.generating {
+            format!("{what}: applies after this answer")
+        } else if request.skill.needs_prompt() {
+            format!("{what}: the skill is chosen on each message")
+        } else {
+            format!("switching to {what}…")
+        })
+    }
+
+    /// Flips what a switch does to the cache; the worker takes it with the next choice.
+    fn toggle_policy(&mut self) -> Option<String> {
+        self.policy = choice::other_policy(self.policy);
+        // The worker's per-message choices (auto, blend) use it too.
+        if self.request.skill.needs_prompt() {
+            self.choose_seq += 1;
+            self.send(ChatCommand::Choose {
+                job: self.choose_seq,
+                request: self.request.clone(),
+                policy: self.policy,
+            });
+        }
+        Some(format!(
+            "at a switch: {} (from the next switch)",
+            choice::policy_text(self.policy)
+        ))
+    }
+
+    /// A compare run's report.
+    pub fn on_compare(&mut self, r: &CompareReport) -> Option<String> {
+        let Some(Popup::Compare(c)) = &mut self.popup else {
+            return None;
+        };
+        c.on_report(r);
+        match &r.step {
+            compare::CompareStep::Started { warnings, .. } => self.warn_once(warnings),
+            _ => None,
+        }
+    }
+
+    /// Compare mode, when it is open.
+    pub fn compare(&self) -> Option<&CompareState> {
+        match &self.popup {
+            Some(Popup::Compare(c)) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Whether a compare run is in progress.
+    pub fn comparing(&self) -> bool {
+        self.compare().is_some_and(|c| c.running)
+    }
+
+    /// The warnings not shown before, joined (each is shown once).
+    fn warn_once(&mut self, warnings: &[String]) -> Option<String> {
+        let new: Vec<String> = warnings
+            .iter()
+            .filter(|w| self.warned.insert((*w).clone()))
+            .map(|w| esc(w))
+            .collect();
+        (!new.is_empty()).then(|| format!("warning: {}", new.join("; ")))
     }
 
     fn send(&self, c: ChatCommand) {
@@ -341,7 +501,11 @@ impl ChatState {
                 }
             }
             ChatReport::Done {
-                text, ids, stats, ..
+                text,
+                ids,
+                stats,
+                choice,
+                ..
             } => {
                 self.generating = false;
                 self.prefill = None;
@@ -349,6 +513,7 @@ impl ChatState {
                     m.streaming = false;
                     m.text = text.clone();
                     m.ids = ids.clone();
+                    m.choice = choice.clone();
                     m.stopped = stats.stop == StopReason::Cancelled;
                     m.meta = Some(format!(
                         "{} tokens · {:.1} tok/s · {}",
@@ -385,6 +550,7 @@ impl ChatState {
             ChatReport::Prompt { tokens, .. } => self.prompt_tokens = tokens.clone(),
             ChatReport::Messages { messages, .. } => {
                 self.messages = messages.iter().map(msg_of).collect();
+                self.dividers.clear();
                 self.cache.borrow_mut().clear();
                 if self.replay.is_none() {
                     self.generating = false;
@@ -406,6 +572,54 @@ impl ChatState {
             ChatReport::Note(n) => return Some(n.clone()),
             // The routing view's (7).
             ChatReport::RouteLayout { .. } | ChatReport::Routes { .. } => {}
+            ChatReport::Engine(e) => self.engine = Some(e.clone()),
+            ChatReport::Choice(c) => {
+                let super::chat_worker::ChoiceReport {
+                    job,
+                    request,
+                    policy,
+                    active,
+                    switch,
+                    warnings,
+                    blend_bytes,
+                    ..
+                } = &**c;
+                if self.choosing.is_some_and(|c| c <= *job) {
+                    self.choosing = None;
+                }
+                self.request = request.clone();
+                self.policy = *policy;
+                self.active = active.clone();
+                let mut notes = Vec::new();
+                if let Some(r) = switch {
+                    // Before the answer it was made for (a per-message choice), or after
+                    // the last message.
+                    let before = match self.messages.last() {
+                        Some(m) if m.streaming => self.messages.len() - 1,
+                        _ => self.messages.len(),
+                    };
+                    self.dividers.push((before, choice::divider_text(r)));
+                    notes.push(format!("now {}", esc(&r.to)));
+                }
+                if *blend_bytes > 0 {
+                    notes.push(format!(
+                        "the blend holds {} of weights",
+                        cortiq_views::util::human_bytes(*blend_bytes as u64)
+                    ));
+                }
+                if let Some(w) = self.warn_once(warnings) {
+                    notes.push(w);
+                }
+                if !notes.is_empty() {
+                    return Some(notes.join(" · "));
+                }
+            }
+            ChatReport::ChoiceRefused { job, message } => {
+                if self.choosing.is_some_and(|c| c <= *job) {
+                    self.choosing = None;
+                }
+                return Some(format!("cannot switch: {}", esc(message)));
+            }
         }
         None
     }
@@ -561,6 +775,7 @@ impl ChatState {
                     self.stop();
                 }
                 self.messages.clear();
+                self.dividers.clear();
                 self.cache.borrow_mut().clear();
                 self.last_stats = None;
                 self.scroll = 0;
@@ -645,7 +860,80 @@ impl ChatState {
                 let path = PathBuf::from(format!("{stem}.session.json"));
                 self.send(ChatCommand::Save { path });
             }
+            ChatCmd::TaskPicker => {
+                if self.choices.tasks.is_empty() {
+                    return Some("this file has no task masks (the Masks view, 3)".into());
+                }
+                self.popup = Some(Popup::Task {
+                    row: self.choices.task_row(self.request.task.as_deref()),
+                })
+            }
+            ChatCmd::SkillPicker => {
+                if self.choices.skills.is_empty() {
+                    return Some("this file has no skills (the Skills view, 4)".into());
+                }
+                if let SkillRequest::Blend { temperature } = self.request.skill {
+                    self.blend_t = temperature;
+                }
+                self.popup = Some(Popup::Skill {
+                    row: self.choices.skill_row(&self.request.skill),
+                })
+            }
+            ChatCmd::Policy => return self.toggle_policy(),
+            ChatCmd::Compare => return self.open_compare(),
             ChatCmd::Newline | ChatCmd::Override => {}
+        }
+        None
+    }
+
+    /// F9: compare mode on the input's text, or else the last question.
+    fn open_compare(&mut self) -> Option<String> {
+        let prompt = Some(self.input.text.trim())
+            .filter(|t| !t.is_empty() && !t.starts_with('/'))
+            .or(self.last_user_text())
+            .or(Some(self.suggested.as_str()).filter(|s| !s.is_empty()))
+            .map(str::to_string);
+        let Some(prompt) = prompt else {
+            return Some(
+                "type a prompt first: compare answers it under two choices, side by side".into(),
+            );
+        };
+        if self.choices.tasks.is_empty() && self.choices.skills.is_empty() {
+            return Some("this file has no task masks or skills to compare".into());
+        }
+        self.popup = Some(Popup::Compare(Box::new(CompareState::new(
+            prompt,
+            &self.choices,
+            &self.request,
+        ))));
+        None
+    }
+
+    /// Enter in compare mode: both answers, A then B, in a background job.
+    fn start_compare(&mut self) -> Option<String> {
+        let Some(engine) = self.engine.clone() else {
+            return Some("the model is not loaded yet".into());
+        };
+        self.compare_runs += 1;
+        let run = self.compare_runs;
+        let settings = self.settings.clone();
+        let choices = self.choices.clone();
+        let Some(Popup::Compare(c)) = &mut self.popup else {
+            return None;
+        };
+        c.run = run;
+        c.running = true;
+        c.sides = Default::default();
+        let job = CompareJob {
+            run,
+            engine,
+            requests: [c.request(&choices, 0), c.request(&choices, 1)],
+            prompt: c.prompt.clone(),
+            settings,
+        };
+        self.job_requests.push(JobRequest::Compare(Box::new(job)));
+        if self.generating {
+            return Some("compare waits for the chat's answer to end".into());
         }
         None
     }
@@ -753,8 +1041,32 @@ impl ChatState {
                     Err(e) => Some(e),
                 }
             }
+            "task" if !arg.is_empty() => self.choose(Request {
+                task: (arg != "none").then(|| arg.to_string()),
+                skill: self.request.skill.clone(),
+            }),
+            "skill" if !arg.is_empty() => match SkillRequest::parse(arg) {
+                Ok(skill) => self.choose(Request {
+                    task: self.request.task.clone(),
+                    skill,
+                }),
+                Err(e) => Some(format!("/skill: {}", esc(&e))),
+            },
+            "switch" if !arg.is_empty() => {
+                let want = match arg {
+                    "keep" | "keep-cache" => SwitchPolicy::KeepCache,
+                    "reprefill" | "exact" => SwitchPolicy::Reprefill,
+                    _ => return Some("/switch: keep or reprefill".into()),
+                };
+                if want == self.policy {
+                    Some(format!("at a switch: {}", choice::policy_text(want)))
+                } else {
+                    self.toggle_policy()
+                }
+            }
             _ => Some(format!(
-                "unknown command /{name}: /system TEXT, /set KEY VALUE, /save FILE, /load FILE, /replay FILE, /reset"
+                "unknown command /{}: /system TEXT, /set KEY VALUE, /task NAME|none, /skill ID|none|auto|blend[:T], /switch keep|reprefill, /save FILE, /load FILE, /replay FILE, /reset",
+                esc(name)
             )),
         }
     }
@@ -763,6 +1075,80 @@ impl ChatState {
         let n_tokens = self.last_reply().map_or(0, |m| m.tokens.len());
         let popup = self.popup.as_mut()?;
         match popup {
+            Popup::Task { row } => {
+                let last = self.choices.task_rows() - 1;
+                if pick_move(a, row, last) {
+                    return None;
+                }
+                match a {
+                    Action::Back | Action::Chat(ChatCmd::TaskPicker) => self.popup = None,
+                    Action::Chat(ChatCmd::Policy) => return self.toggle_policy(),
+                    Action::Enter | Action::Chat(ChatCmd::Send) => {
+                        let task = self.choices.task_at(*row);
+                        self.popup = None;
+                        return self.choose(Request {
+                            task,
+                            skill: self.request.skill.clone(),
+                        });
+                    }
+                    _ => {}
+                }
+            }
+            Popup::Skill { row } => {
+                let last = self.choices.skill_rows() - 1;
+                if pick_move(a, row, last) {
+                    return None;
+                }
+                match a {
+                    Action::Back | Action::Chat(ChatCmd::SkillPicker) => self.popup = None,
+                    Action::Left | Action::Right if *row == last => {
+                        let d = if matches!(a, Action::Right) {
+                            0.1
+                        } else {
+                            -0.1
+                        };
+                        self.blend_t = ((self.blend_t + d) * 20.0).round() / 20.0;
+                        self.blend_t = self.blend_t.clamp(0.05, 5.0);
+                    }
+                    Action::Chat(ChatCmd::Policy) => return self.toggle_policy(),
+                    Action::Enter | Action::Chat(ChatCmd::Send) => {
+                        let skill = self.choices.skill_at(*row, self.blend_t);
+                        self.popup = None;
+                        return self.choose(Request {
+                            task: self.request.task.clone(),
+                            skill,
+                        });
+                    }
+                    _ => {}
+                }
+            }
+            Popup::Compare(c) => match a {
+                Action::Back | Action::Chat(ChatCmd::Compare) => {
+                    if c.running {
+                        self.job_requests.push(JobRequest::CancelCompare);
+                    }
+                    self.popup = None;
+                }
+                Action::Cancel | Action::Chat(ChatCmd::Stop) if c.running => {
+                    c.running = false;
+                    self.job_requests.push(JobRequest::CancelCompare);
+                    return Some("compare stopped".into());
+                }
+                Action::Up | Action::ScrollUp => c.row = c.row.saturating_sub(1),
+                Action::Down | Action::ScrollDown => {
+                    c.row = (c.row + 1).min(compare::ROWS.len() - 1)
+                }
+                Action::Left | Action::Right if !c.running => {
+                    c.nudge(&self.choices, matches!(a, Action::Right))
+                }
+                Action::Enter | Action::Chat(ChatCmd::Send) => {
+                    if c.running {
+                        return Some("compare is running: c stops it".into());
+                    }
+                    return self.start_compare();
+                }
+                _ => {}
+            },
             Popup::Prompt { scroll, ids } => match a {
                 Action::Back | Action::Chat(ChatCmd::PromptInspector) => self.popup = None,
                 Action::Input('i') | Action::Chat(ChatCmd::Focus) => *ids = !*ids,
@@ -939,14 +1325,84 @@ impl ChatState {
             Availability::Unavailable { title, .. } => title.clone(),
         };
         let hint = if self.generating {
-            "Esc/Ctrl-C stop".to_string()
+            "Esc/Ctrl-C stop · F6 task · F7 skill (after this answer)".to_string()
         } else if self.focused {
-            "Enter send · Alt-Enter newline · ↑ history · Esc leave input · F2 sampling · F3 system · F4 prompt · F5 tokens".into()
+            "Enter send · Alt-Enter newline · ↑ history · Esc leave input · F2 sampling · F3 system · F4 prompt · F5 tokens · F6 task · F7 skill · F8 cache · F9 compare".into()
         } else {
-            "i type · Ctrl-R regenerate · Ctrl-E edit · Ctrl-L clear · Ctrl-Y copy · Ctrl-S save"
+            "i type · Ctrl-R regenerate · Ctrl-E edit · Ctrl-L clear · Ctrl-Y copy · Ctrl-S save · F6 task · F7 skill · F8 cache · F9 compare"
                 .into()
         };
         (status, hint)
+    }
+
+    /// The status line's segment on the choice: what runs, and what a switch does.
+    fn choice_line(&self) -> String {
+        if self.choices.tasks.is_empty() && self.choices.skills.is_empty() {
+            return String::new();
+        }
+        let mut c = esc(&self.active.label);
+        match &self.request.skill {
+            SkillRequest::Auto => c.push_str(" · skill auto"),
+            SkillRequest::Blend { temperature } => {
+                c.push_str(&format!(" · skill blend T {temperature:.2}"))
+            }
+            _ => {}
+        }
+        if self.choosing.is_some() {
+            c.push_str(" · switching…");
+        }
+        c.push_str(match self.policy {
+            SwitchPolicy::KeepCache => " · switch keeps the cache",
+            SwitchPolicy::Reprefill => " · switch re-prefills",
+        });
+        c
+    }
+
+    /// The picker's rows and the popup's view model.
+    fn picker_vm<'a>(
+        &self,
+        skill: bool,
+        row: usize,
+        labels: &'a [(String, String)],
+    ) -> PickerVm<'a> {
+        let current = if skill {
+            self.choices.skill_row(&self.request.skill)
+        } else {
+            self.choices.task_row(self.request.task.as_deref())
+        };
+        PickerVm {
+            title: if skill {
+                "skill (§9) — the tensors the forward reads"
+            } else {
+                "task mask (§5) — what the forward computes"
+            },
+            rows: labels
+                .iter()
+                .enumerate()
+                .map(|(i, (label, note))| PickRowVm {
+                    label,
+                    note,
+                    current: i == current,
+                    selected: i == row,
+                })
+                .collect(),
+            policy: match self.policy {
+                SwitchPolicy::KeepCache => {
+                    "at a switch: keep the cache (fast, approximate) · F8 re-prefill"
+                }
+                SwitchPolicy::Reprefill => {
+                    "at a switch: re-prefill (exact) · F8 keep the cache (fast)"
+                }
+            },
+            note: self
+                .generating
+                .then_some("an answer is streaming: the switch applies after it"),
+            hint: if skill {
+                "↑↓ choose · ←/→ blend T · Enter switch · Esc close"
+            } else {
+                "↑↓ choose · Enter switch · Esc close"
+            },
+        }
     }
 
     /// The rendered lines of message `i` at `width`, memoized.
@@ -1017,6 +1473,24 @@ impl ChatState {
             Some(Popup::Token { index }) => Some(*index),
             _ => None,
         };
+        // An answer's meta ends with the choice it ran under.
+        let metas: Vec<Option<String>> = self
+            .messages
+            .iter()
+            .map(|m| match (&m.meta, &m.choice) {
+                (Some(meta), Some(c)) => Some(format!("{meta} · {}", esc(c))),
+                (None, Some(c)) => Some(esc(c)),
+                (meta, None) => meta.clone(),
+            })
+            .collect();
+        let dividers: Vec<DividerVm> = self
+            .dividers
+            .iter()
+            .map(|(before, text)| DividerVm {
+                before: *before,
+                text,
+            })
+            .collect();
         let messages: Vec<MessageVm> = self
             .messages
             .iter()
@@ -1037,7 +1511,7 @@ impl ChatState {
                 MessageVm {
                     role,
                     body,
-                    meta: m.meta.as_deref(),
+                    meta: metas[i].as_deref(),
                     streaming: m.streaming,
                     stopped: m.stopped,
                     error: m.error.as_deref(),
@@ -1046,6 +1520,7 @@ impl ChatState {
             })
             .collect();
         let sampler = widget::sampler_summary(&sampler_of(&self.settings));
+        let choice_line = self.choice_line();
         let state = match (&self.availability, self.generating, self.prefill) {
             (Availability::Loading { .. }, _, _) => Phase::Loading,
             (_, true, Some((done, total))) => Phase::Prefilling { done, total },
@@ -1072,6 +1547,7 @@ impl ChatState {
                 Precision::Exact => "exact",
                 Precision::Fast => "fast",
             },
+            choice: &choice_line,
         };
         let placeholder = if self.suggested.is_empty() {
             "Ask something… (Enter sends · /system /set /save /load /reset)".to_string()
@@ -1081,8 +1557,73 @@ impl ChatState {
         let rows: Vec<SamplingRowVm>;
         let prompt_vms: Vec<PromptTokenVm>;
         let alts: Vec<AltTokenVm>;
+        let labels: Vec<(String, String)>;
+        let compare_text: (Vec<String>, [String; 2], [String; 2], String);
         let popup = match &self.popup {
             None => None,
+            Some(Popup::Task { row }) => {
+                labels = (0..self.choices.task_rows())
+                    .map(|i| self.choices.task_label(i))
+                    .collect();
+                Some(PopupVm::Picker(self.picker_vm(false, *row, &labels)))
+            }
+            Some(Popup::Skill { row }) => {
+                labels = (0..self.choices.skill_rows())
+                    .map(|i| self.choices.skill_label(i, self.blend_t))
+                    .collect();
+                Some(PopupVm::Picker(self.picker_vm(true, *row, &labels)))
+            }
+            Some(Popup::Compare(c)) => {
+                let state_of = |s: &compare::CompareSide| match (&s.error, s.stop) {
+                    (Some(_), _) => "failed".to_string(),
+                    (None, Some(stop)) => stop_word(stop).to_string(),
+                    (None, None) if c.running => "running".into(),
+                    (None, None) => "—".into(),
+                };
+                compare_text = (
+                    (0..compare::ROWS.len())
+                        .map(|r| c.value(&self.choices, r))
+                        .collect(),
+                    [0, 1].map(|i| {
+                        c.sides[i]
+                            .label
+                            .as_deref()
+                            .map(esc)
+                            .unwrap_or_else(|| compare::asked(&self.choices, c, i))
+                    }),
+                    [state_of(&c.sides[0]), state_of(&c.sides[1])],
+                    c.summary(),
+                );
+                let diverge = match c.divergence() {
+                    Divergence::At(i) => Some(i),
+                    _ => None,
+                };
+                Some(PopupVm::Compare(CompareVm {
+                    prompt: &c.prompt,
+                    rows: compare::ROWS
+                        .iter()
+                        .enumerate()
+                        .map(|(i, label)| CompareRowVm {
+                            label,
+                            value: &compare_text.0[i],
+                            selected: i == c.row,
+                        })
+                        .collect(),
+                    sides: [0, 1].map(|i| CompareSideVm {
+                        title: &compare_text.1[i],
+                        tokens: c.sides[i].texts.iter().map(String::as_str).collect(),
+                        state: &compare_text.2[i],
+                        error: c.sides[i].error.as_deref(),
+                    }),
+                    diverge,
+                    summary: &compare_text.3,
+                    hint: if c.running {
+                        "c stop · Esc close"
+                    } else {
+                        "↑↓ row · ←/→ change · Enter answer under A and B (greedy) · Esc close"
+                    },
+                }))
+            }
             Some(Popup::Sampling { row, edit, note }) => {
                 rows = SAMPLING_ROWS
                     .iter()
@@ -1181,6 +1722,7 @@ impl ChatState {
         });
         let vm = ChatVm {
             messages: &messages,
+            dividers: &dividers,
             scroll: self.scroll,
             input: InputVm {
                 text: &self.input.text,
@@ -1203,6 +1745,18 @@ impl ChatState {
     }
 }
 
+/// ↑↓ Home End in a picker of rows `0..=last`; whether `a` was one of them.
+fn pick_move(a: &Action, row: &mut usize, last: usize) -> bool {
+    *row = match a {
+        Action::Up | Action::ScrollUp => row.saturating_sub(1),
+        Action::Down | Action::ScrollDown => (*row + 1).min(last),
+        Action::Home => 0,
+        Action::End => last,
+        _ => return false,
+    };
+    true
+}
+
 fn msg_of(m: &Message) -> ChatMsg {
     ChatMsg {
         role: Some(m.role),
@@ -1211,6 +1765,7 @@ fn msg_of(m: &Message) -> ChatMsg {
         stopped: m.stop == Some(StopReason::Cancelled),
         meta: (m.role == Role::Assistant && !m.ids.is_empty())
             .then(|| format!("{} tokens · loaded", m.ids.len())),
+        choice: m.choice.clone(),
         ..Default::default()
     }
 }

@@ -12,23 +12,9 @@ use cortiq_engine::format::shards::CmfModel;
 use cortiq_engine::model::Model;
 use cortiq_engine::runtime::session::{token_probs, Session, StopReason};
 
-use super::chat::{Availability, ChatCmd, ChatState};
-use super::testing::{fixture, Harness};
-use super::{Action, App, Screen, StartOptions, Tab};
-
-fn chat(app: &App) -> &ChatState {
-    match &app.screen {
-        Screen::Model(m) => m.chat.as_ref().expect("the chat view started"),
-        _ => panic!("no model open"),
-    }
-}
-
-fn chat_mut(app: &mut App) -> &mut ChatState {
-    match &mut app.screen {
-        Screen::Model(m) => m.chat.as_mut().expect("the chat view started"),
-        _ => panic!("no model open"),
-    }
-}
+use super::chat::{Availability, ChatCmd};
+use super::testing::{chat, chat_mut, fixture, Harness};
+use super::{Action, StartOptions, Tab};
 
 /// The chat on `name`, its model loaded, with greedy short answers that ignore EOS (the
 /// fixture's random weights would otherwise end at random places).

@@ -4,6 +4,13 @@
 //! between steps. Every report of a request carries its job id, so that the chat state
 //! drops stale ones in one place. For MoE models the worker also reports the session's
 //! route log as it grows or is cut, for the routing view's mirror.
+//!
+//! Task masks and skills (§5, §9) are chosen with [`ChatCommand::Choose`], as `cortiq run`
+//! does: a fixed choice (a task, a skill id, none) is resolved and switched at once; `auto`
+//! and `blend` are resolved on each user message's raw tokens before its answer. The
+//! worker runs one command at a time, so a choice sent while an answer streams applies
+//! after that answer, never in the middle of it. Every switch is reported
+//! ([`ChatReport::Choice`]) with the engine's [`SwitchReport`]: the transcript's divider.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,9 +21,14 @@ use cortiq_engine::chat::conversation::{Conversation, Message, ReplyStep, SavedS
 use cortiq_engine::chat::ChatBundle;
 use cortiq_engine::exec::Foreground;
 use cortiq_engine::format::shards::CmfModel;
-use cortiq_engine::model::{ModelError, Precision};
+use cortiq_engine::model::select::{SkillChoice, TaskMask};
+use cortiq_engine::model::{Model, ModelError, Precision};
+use cortiq_engine::runtime::choice::{resolve, Request, SkillRequest};
 use cortiq_engine::runtime::load::{load_unverified, verify_model, LoadError, LoadOptions};
-use cortiq_engine::runtime::session::{GenerationStats, Session};
+use cortiq_engine::runtime::session::{
+    label_of, GenerationStats, Session, SwitchPolicy, SwitchReport,
+};
+use cortiq_engine::runtime::skill_route::Routing;
 
 use super::jobs::JobReport;
 use super::Action;
@@ -60,6 +72,90 @@ pub enum ChatCommand {
     },
     /// Run the model although its hash chain failed (the user said so).
     LoadUnverified,
+    /// Run under this task mask and skill from now on; a switch treats the cached
+    /// positions as `policy` says. Applied between answers (after a running one).
+    Choose {
+        job: u64,
+        request: Request,
+        policy: SwitchPolicy,
+    },
+}
+
+/// The model and chat bundle the worker loaded, shared read-only with the background
+/// jobs that run sessions of their own on it (skill routing, compare): one load, one
+/// mmap.
+#[derive(Clone)]
+pub struct SharedEngine {
+    pub model: Arc<Model>,
+    pub bundle: Arc<ChatBundle>,
+}
+
+impl std::fmt::Debug for SharedEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedEngine")
+    }
+}
+
+impl PartialEq for SharedEngine {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.model, &other.model) && Arc::ptr_eq(&self.bundle, &other.bundle)
+    }
+}
+
+impl SharedEngine {
+    /// Raw tokens of `text` (what skill routing scores): no template, no special tokens.
+    pub fn raw_tokens(&self, text: &str) -> Vec<u32> {
+        self.bundle
+            .tokenizer()
+            .and_then(|t| t.encode(text, false).ok())
+            .unwrap_or_default()
+    }
+}
+
+/// The skill part of what the session runs under.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum ActiveSkill {
+    #[default]
+    None,
+    /// Registry index.
+    One(u16),
+    /// A soft mix: a weight per registry index.
+    Blend(Vec<f32>),
+}
+
+/// What the session's forwards run under, as the views show it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ActiveInfo {
+    /// The engine's label (`backbone`, `task code`, `skill sql`, …), from the file's names:
+    /// escape it before showing it.
+    pub label: String,
+    pub task: Option<Arc<TaskMask>>,
+    pub skill: ActiveSkill,
+}
+
+impl Default for ActiveInfo {
+    fn default() -> Self {
+        ActiveInfo {
+            label: "backbone".into(),
+            task: None,
+            skill: ActiveSkill::None,
+        }
+    }
+}
+
+impl ActiveInfo {
+    fn of(session: &Session) -> ActiveInfo {
+        let a = session.active();
+        ActiveInfo {
+            label: session.active_label().to_string(),
+            task: a.task.clone(),
+            skill: match &a.skill {
+                SkillChoice::None => ActiveSkill::None,
+                SkillChoice::One(k) => ActiveSkill::One(*k),
+                SkillChoice::Blend { weights, .. } => ActiveSkill::Blend(weights.clone()),
+            },
+        }
+    }
 }
 
 /// A token as the views show it.
@@ -99,6 +195,27 @@ pub struct RouteRows {
     pub layers: Vec<(Vec<u32>, Vec<f32>)>,
 }
 
+/// A choice the worker took (see [`ChatReport::Choice`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChoiceReport {
+    /// The `Choose` it answers, or the answer it was resolved for.
+    pub job: u64,
+    /// What the worker now holds (the skill may be `auto`/`blend`, resolved per message).
+    pub request: Request,
+    pub policy: SwitchPolicy,
+    /// What the forwards run under now.
+    pub active: ActiveInfo,
+    /// The switch it made (`None`: the choice did not change what runs, or waits for the
+    /// next message): a divider in the transcript.
+    pub switch: Option<SwitchReport>,
+    /// The message's routing scores (`auto`, `blend`).
+    pub routing: Option<Routing>,
+    /// What the user should know (an unmeasured task), each time it applies.
+    pub warnings: Vec<String>,
+    /// Weights a blend materialised.
+    pub blend_bytes: usize,
+}
+
 /// What the worker reports.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ChatReport {
@@ -134,6 +251,8 @@ pub enum ChatReport {
         text: String,
         ids: Vec<u32>,
         stats: GenerationStats,
+        /// The label of the choice it was generated under (`None`: the backbone).
+        choice: Option<String>,
     },
     Failed {
         job: u64,
@@ -166,6 +285,17 @@ pub enum ChatReport {
     Routes {
         job: u64,
         rows: RouteRows,
+    },
+    /// The loaded model, for jobs that run their own sessions (sent once, before `Ready`).
+    Engine(SharedEngine),
+    /// The worker took a choice (a `Choose`, or `auto`/`blend` resolved for a message).
+    /// It describes the worker's conversation, so every one applies, whatever its job.
+    Choice(Box<ChoiceReport>),
+    /// A `Choose` the engine refused (an unknown name, an unusable skill): the worker
+    /// keeps what it ran under. Applies whatever its job.
+    ChoiceRefused {
+        job: u64,
+        message: String,
     },
 }
 
@@ -309,6 +439,11 @@ fn run(
             .unwrap_or_default(),
     });
     let mut routes = RouteSync::default();
+    let mut choosing = Choosing::default();
+    report(ChatReport::Engine(SharedEngine {
+        model: conv.model().clone(),
+        bundle: Arc::clone(conv.bundle_arc()),
+    }));
     report(ChatReport::Ready {
         precision: name_of(precision).into(),
         capacity: conv.session().capacity(),
@@ -324,40 +459,53 @@ fn run(
         match cmd {
             ChatCommand::Send { job, text } => {
                 conv.push_user(text);
-                answer(
-                    &mut conv,
+                let turn = Turn {
                     job,
-                    cancel,
-                    report,
-                    Start::Reply,
-                    gate,
-                    &mut routes,
-                );
+                    start: Start::Reply,
+                    choosing: &choosing,
+                };
+                if !answer(&mut conv, turn, cancel, report, gate, &mut routes) {
+                    // As `cortiq run`: the question is not kept without its answer.
+                    let mut msgs = conv.messages().to_vec();
+                    msgs.pop();
+                    conv.set_messages(msgs);
+                }
             }
-            ChatCommand::Regenerate { job } => answer(
-                &mut conv,
-                job,
-                cancel,
-                report,
-                Start::Regenerate,
-                gate,
-                &mut routes,
-            ),
-            ChatCommand::EditResend { job, text } => match conv.edit_last_user(text) {
-                Ok(()) => answer(
-                    &mut conv,
+            ChatCommand::Regenerate { job } => {
+                let turn = Turn {
                     job,
-                    cancel,
-                    report,
-                    Start::Reply,
-                    gate,
-                    &mut routes,
-                ),
+                    start: Start::Regenerate,
+                    choosing: &choosing,
+                };
+                answer(&mut conv, turn, cancel, report, gate, &mut routes);
+            }
+            ChatCommand::EditResend { job, text } => match conv.edit_last_user(text) {
+                Ok(()) => {
+                    let turn = Turn {
+                        job,
+                        start: Start::Reply,
+                        choosing: &choosing,
+                    };
+                    answer(&mut conv, turn, cancel, report, gate, &mut routes);
+                }
                 Err(e) => report(ChatReport::Failed {
                     job,
                     message: e.to_string(),
                 }),
             },
+            ChatCommand::Choose {
+                job,
+                request,
+                policy,
+            } => choose(
+                &mut conv,
+                &mut choosing,
+                job,
+                request,
+                policy,
+                &mut routes,
+                report,
+            ),
             ChatCommand::Reset => {
                 conv.reset();
                 let job = routes.job;
@@ -559,6 +707,13 @@ enum Start {
     Regenerate,
 }
 
+/// One answer to run: its job, how it starts, and what to run it under.
+struct Turn<'a> {
+    job: u64,
+    start: Start,
+    choosing: &'a Choosing,
+}
+
 /// What the routing view's mirror of the route log holds: the tokens of the rows sent.
 #[derive(Default)]
 struct RouteSync {
@@ -630,20 +785,31 @@ impl RouteSync {
 }
 
 /// Runs one answer to its end, reporting each step.
+/// `auto` and `blend` are resolved for the message first; `false` when that failed
+/// (reported) and nothing was answered.
 fn answer(
     conv: &mut Conversation,
-    job: u64,
+    turn: Turn,
     cancel: &AtomicBool,
     report: &(dyn Fn(ChatReport) + Sync),
-    start: Start,
     gate: Option<&Gate>,
     routes: &mut RouteSync,
-) {
+) -> bool {
+    let Turn {
+        job,
+        start,
+        choosing,
+    } = turn;
+    if let Err(message) = choose_for_turn(conv, choosing, job, routes, report) {
+        report(ChatReport::Failed { job, message });
+        return false;
+    }
     let _fg = Foreground::begin();
     // A second handle on the bundle decodes token texts while the reply holds the
     // conversation.
     let bundle = Arc::clone(conv.bundle_arc());
     let tok = bundle.tokenizer();
+    let choice = Some(conv.session().active_label().to_string()).filter(|l| l != "backbone");
     let started = match start {
         Start::Reply => conv.reply(),
         Start::Regenerate => conv.regenerate(),
@@ -655,7 +821,7 @@ fn answer(
                 job,
                 message: e.to_string(),
             });
-            return;
+            return true;
         }
     };
     // Starting cut the log to the prefix the new prompt shares with it.
@@ -700,15 +866,16 @@ fn answer(
                     text: reply.text().to_string(),
                     ids: reply.ids().to_vec(),
                     stats,
+                    choice,
                 });
-                return;
+                return true;
             }
             Err(e) => {
                 report(ChatReport::Failed {
                     job,
                     message: e.to_string(),
                 });
-                return;
+                return true;
             }
         }
     }
@@ -783,4 +950,134 @@ fn load_session(
             messages: saved.messages.clone(),
         });
     }
+}
+
+/// The task and skill the user asked for, and what a switch does to the cache.
+#[derive(Clone, Debug)]
+struct Choosing {
+    req: Request,
+    policy: SwitchPolicy,
+}
+
+impl Default for Choosing {
+    fn default() -> Self {
+        Choosing {
+            req: Request::default(),
+            policy: SwitchPolicy::Reprefill,
+        }
+    }
+}
+
+/// Switches the conversation to `resolved` unless it already runs under that choice;
+/// the switch's report, or why the engine refused it.
+fn switch_to(
+    conv: &mut Conversation,
+    active: cortiq_engine::model::select::Active,
+    policy: SwitchPolicy,
+    routes: &mut RouteSync,
+    job: u64,
+    report: &(dyn Fn(ChatReport) + Sync),
+) -> Result<Option<SwitchReport>, String> {
+    if label_of(conv.model(), &active) == conv.session().active_label() {
+        return Ok(None);
+    }
+    let _fg = Foreground::begin();
+    let r = conv.switch(active, policy).map_err(|e| e.to_string())?;
+    if r.recomputed > 0 {
+        // The recomputed positions routed anew (an expert mask changes the routes):
+        // the mirror gets them again.
+        let keep = conv.session().tokens().len().saturating_sub(r.recomputed);
+        routes.sent.truncate(keep);
+        routes.sync(conv.session(), conv.bundle(), job, true, report);
+    }
+    Ok(Some(r))
+}
+
+/// A `Choose`: a fixed choice is resolved and switched to now; `auto` and `blend` wait
+/// for the next message (their task, if any, is checked now).
+fn choose(
+    conv: &mut Conversation,
+    choosing: &mut Choosing,
+    job: u64,
+    request: Request,
+    policy: SwitchPolicy,
+    routes: &mut RouteSync,
+    report: &(dyn Fn(ChatReport) + Sync),
+) {
+    let model = conv.model().clone();
+    let refused = |message: String| ChatReport::ChoiceRefused { job, message };
+    let now = if request.skill.needs_prompt() {
+        Request {
+            task: request.task.clone(),
+            skill: SkillRequest::None,
+        }
+    } else {
+        request.clone()
+    };
+    let resolved = {
+        let _fg = Foreground::begin();
+        resolve(&model, &now, &[])
+    };
+    let r = match resolved {
+        Ok(r) => r,
+        Err(e) => return report(refused(e.to_string())),
+    };
+    let switch = if request.skill.needs_prompt() {
+        None
+    } else {
+        match switch_to(conv, r.active, policy, routes, job, report) {
+            Ok(s) => s,
+            Err(e) => return report(refused(e)),
+        }
+    };
+    choosing.req = request;
+    choosing.policy = policy;
+    report(ChatReport::Choice(Box::new(ChoiceReport {
+        job,
+        request: choosing.req.clone(),
+        policy,
+        active: ActiveInfo::of(conv.session()),
+        switch,
+        routing: None,
+        warnings: r.warnings,
+        blend_bytes: r.blend_bytes,
+    })));
+}
+
+/// Before an answer: `auto` and `blend` are resolved on the last user message's raw
+/// tokens, and the conversation switches when the choice changes (as `cortiq run`).
+fn choose_for_turn(
+    conv: &mut Conversation,
+    choosing: &Choosing,
+    job: u64,
+    routes: &mut RouteSync,
+    report: &(dyn Fn(ChatReport) + Sync),
+) -> Result<(), String> {
+    if !choosing.req.skill.needs_prompt() {
+        return Ok(());
+    }
+    let model = conv.model().clone();
+    let text = conv.last_user().unwrap_or_default().to_string();
+    let ids: Vec<u32> = conv
+        .bundle()
+        .tokenizer()
+        .and_then(|t| t.encode(&text, false).ok())
+        .unwrap_or_default();
+    let resolved = {
+        let _fg = Foreground::begin();
+        resolve(&model, &choosing.req, &ids)
+    };
+    let r = resolved.map_err(|e| e.to_string())?;
+    let switch = switch_to(conv, r.active, choosing.policy, routes, job, report)?;
+    report(ChatReport::Choice(Box::new(ChoiceReport {
+        job,
+        request: choosing.req.clone(),
+        policy: choosing.policy,
+        active: ActiveInfo::of(conv.session()),
+        switch,
+        routing: r.routing,
+        warnings: r.warnings,
+        blend_bytes: r.blend_bytes,
+    })));
+    Ok(())
 }

@@ -38,12 +38,21 @@ pub enum JobReport {
     VerifyDone(Arc<super::integrity::SetReport>),
     /// The chat worker's reports.
     Chat(super::chat_worker::ChatReport),
+    /// Every skill's routing score for `prompt` (the Skills view's E column).
+    Route {
+        prompt: String,
+        result: Result<Arc<cortiq_engine::runtime::skill_route::Routing>, String>,
+    },
+    /// A step of a compare run (the chat's compare mode).
+    Compare(super::compare::CompareReport),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum JobKind {
     Stats,
     Verify,
+    Route,
+    Compare,
 }
 
 pub struct Jobs {

@@ -34,7 +34,11 @@ const COMMANDS: &[(&str, &str, &str)] = &[
     ("right", "expand / next", "Move"),
     ("enter", "open, expand, select", "Move"),
     ("back", "close, cancel, leave", "Move"),
-    ("filter", "filter (type, Enter keeps, Esc clears)", "Views"),
+    (
+        "filter",
+        "filter (type, Enter keeps, Esc clears); Skills: the probe prompt of E",
+        "Views",
+    ),
     ("sort", "sort by the next column", "Views"),
     ("sort_reverse", "reverse the sort", "Views"),
     ("group", "group tensors by layer", "Views"),
@@ -84,6 +88,22 @@ const COMMANDS: &[(&str, &str, &str)] = &[
     (
         "chat_override",
         "chat with a file whose hash chain fails",
+        "Chat",
+    ),
+    ("chat_task", "task mask picker (/task NAME|none)", "Chat"),
+    (
+        "chat_skill",
+        "skill picker: none, a skill, auto, blend T (/skill ...)",
+        "Chat",
+    ),
+    (
+        "chat_policy",
+        "at a switch: keep the cache or re-prefill (/switch keep|reprefill)",
+        "Chat",
+    ),
+    (
+        "chat_compare",
+        "compare: one prompt under two choices, side by side",
         "Chat",
     ),
     (
@@ -152,6 +172,10 @@ fn action_of(name: &str) -> Option<Action> {
         "chat_thinking" => Action::Chat(ChatCmd::Thinking),
         "chat_save" => Action::Chat(ChatCmd::Save),
         "chat_override" => Action::Chat(ChatCmd::Override),
+        "chat_task" => Action::Chat(ChatCmd::TaskPicker),
+        "chat_skill" => Action::Chat(ChatCmd::SkillPicker),
+        "chat_policy" => Action::Chat(ChatCmd::Policy),
+        "chat_compare" => Action::Chat(ChatCmd::Compare),
         "routing_mass" => Action::Routing(RoutingCmd::Mass),
         "routing_prev_layer" => Action::Routing(RoutingCmd::PrevLayer),
         "routing_next_layer" => Action::Routing(RoutingCmd::NextLayer),

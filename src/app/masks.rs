@@ -45,6 +45,8 @@ pub struct MasksState {
     index: Vec<String>,
     /// Scroll of the bit detail, when it is open.
     detail: Option<u16>,
+    /// The task the chat runs under (an index into the tasks), from the chat worker.
+    pub active: Option<usize>,
 }
 
 impl MasksState {
@@ -89,6 +91,19 @@ impl MasksState {
             looped: views.iter().any(|v| v.layout.visits != v.layout.layers),
             index: file.index.as_deref().map(index_summary).unwrap_or_default(),
             detail: None,
+            active: None,
+        }
+    }
+
+    /// The chat worker's reports: which task the chat runs under.
+    pub fn on_report(&mut self, r: &super::chat_worker::ChatReport) {
+        if let super::chat_worker::ChatReport::Choice(c) = r {
+            let active = &c.active;
+            self.active = active.task.as_ref().and_then(|t| {
+                // The section's index, checked against the name (rows are the section's).
+                let row = self.tasks.get(t.index)?;
+                (row.name == t.name).then_some(t.index)
+            });
         }
     }
 
@@ -233,6 +248,7 @@ impl MasksState {
             info: &info,
             layers: &layers,
             detail: detail.as_ref().map(|(d, s)| (d, *s)),
+            active: self.active,
         };
         use_vm(&vm)
     }

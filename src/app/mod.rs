@@ -8,6 +8,10 @@ pub mod chat;
 #[cfg(test)]
 mod chat_tests;
 pub mod chat_worker;
+pub mod choice;
+#[cfg(test)]
+mod choice_tests;
+pub mod compare;
 pub mod config;
 pub mod integrity;
 pub mod jobs;
@@ -263,6 +267,7 @@ impl App {
         if let Some(p) = &start.suggested_prompt {
             c.suggested = p.clone();
         }
+        c.choices = choice::Choices::of(&m.file);
         if let Some(s) = start.session.take() {
             c.load_session(s, true);
         }
@@ -415,6 +420,7 @@ impl App {
                                     v.on_job(report, &mut ctx);
                                 }
                             }
+                            sync_views(m, &mut self.jobs);
                             return;
                         }
                         if let Some(v) = m.view_mut(m.tab) {
@@ -425,10 +431,14 @@ impl App {
                 if m.tab == Tab::Tensors && m.tensors.is_none() {
                     m.tensors = Some(tensors::TensorsState::new(&m.model));
                 }
-                // The routing view shows the chat's conversation: it starts the worker too.
-                if matches!(m.tab, Tab::Chat | Tab::Routing) {
+                // The routing view shows the chat's conversation, the Skills view routes on
+                // the chat's model: they start the worker too.
+                if matches!(m.tab, Tab::Chat | Tab::Routing)
+                    || m.tab == Tab::Skills && m.skills.wants_engine()
+                {
                     App::ensure_chat(m, &self.chat_tx, &mut self.start);
                 }
+                sync_views(m, &mut self.jobs);
                 // Entering the chat puts the cursor in the input.
                 if m.tab == Tab::Chat && before != Tab::Chat {
                     if let Some(c) = m.chat.as_mut() {
@@ -461,6 +471,16 @@ impl App {
             Screen::Model(m) => m.chat.as_mut().and_then(|c| c.clipboard.take()),
             _ => None,
         }
+    }
+}
+
+/// What one view shows of another's state: the Skills view's E is for the chat's last
+/// question (computed while the Skills view is shown).
+fn sync_views(m: &mut ModelScreen, jobs: &mut Jobs) {
+    m.skills
+        .set_chat_prompt(m.chat.as_ref().and_then(|c| c.last_user_text()));
+    if m.tab == Tab::Skills {
+        m.skills.refresh(jobs);
     }
 }
 

@@ -66,9 +66,13 @@ pub struct RoutingState {
     /// The selected MoE layer (an index into the log's layers).
     pub layer: usize,
     pub measure: Measure,
-    /// The active task mask's expert fields, per MoE layer and expert (whether it may
-    /// route): the next issue fills this and draws it on the heat map's grid.
+    /// The active task mask's expert fields, per MoE layer (in the log's order) and
+    /// expert: whether it may route. `None` when the chat's task restricts no expert.
     pub mask_experts: Option<Vec<Vec<bool>>>,
+    /// The task they come from.
+    pub mask_task: Option<String>,
+    /// The chat's task mask, kept to rebuild `mask_experts` for a new layout.
+    task: Option<std::sync::Arc<cortiq_engine::model::select::TaskMask>>,
 }
 
 impl Default for RoutingState {
@@ -101,7 +105,36 @@ impl RoutingState {
             layer: 0,
             measure: Measure::Counts,
             mask_experts: None,
+            mask_task: None,
+            task: None,
         }
+    }
+
+    /// The expert fields of the chat's task for the log's MoE layers (`None` when it
+    /// restricts none).
+    fn fill_mask(&mut self) {
+        let Some(task) = &self.task else {
+            self.mask_experts = None;
+            self.mask_task = None;
+            return;
+        };
+        let rows: Vec<Vec<bool>> = self
+            .log
+            .layers
+            .iter()
+            .map(|l| {
+                let mut open = task
+                    .layers
+                    .get(l.layer)
+                    .and_then(|m| m.experts.clone())
+                    .unwrap_or_default();
+                open.resize(l.experts, true);
+                open
+            })
+            .collect();
+        let restricts = rows.iter().flatten().any(|&o| !o);
+        self.mask_experts = restricts.then_some(rows);
+        self.mask_task = restricts.then(|| task.name.clone());
     }
 
     /// The mirrored route log.
@@ -159,6 +192,11 @@ impl RoutingState {
                 self.totals = self.log.stats(0..0);
                 self.cursor = None;
                 self.layer = 0;
+                self.fill_mask();
+            }
+            ChatReport::Choice(c) => {
+                self.task = c.active.task.clone();
+                self.fill_mask();
             }
             // Every rows report applies, whatever its job: they describe the worker's
             // session in order, and dropping one would leave a gap in the mirror.
@@ -395,6 +433,7 @@ impl RoutingState {
             follow: self.cursor.is_none(),
             selected,
             mask_experts: self.mask_experts.as_deref(),
+            mask_task: self.mask_task.as_deref(),
         };
         widget::render(f, area, &vm, theme);
     }

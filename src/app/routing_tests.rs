@@ -14,17 +14,10 @@ use cortiq_engine::model::Model;
 use cortiq_engine::runtime::routes::{RouteLog, RouteStats};
 use cortiq_views::routing::Measure;
 
-use super::chat::{ChatCmd, ChatState};
+use super::chat::ChatCmd;
 use super::routing::{Phase, RoutingCmd, RoutingState};
-use super::testing::Harness;
+use super::testing::{chat, Harness};
 use super::{Action, App, Screen, StartOptions, Tab};
-
-fn chat(app: &App) -> &ChatState {
-    match &app.screen {
-        Screen::Model(m) => m.chat.as_ref().expect("the chat view started"),
-        _ => panic!("no model open"),
-    }
-}
 
 fn routing(app: &App) -> &RoutingState {
     match &app.screen {

@@ -1,11 +1,20 @@
 //! State of the Skills view: the selected skill, whether its tensor list is open, and the
 //! registry joined with the directory once when the file opens (which `skill.*` entries
 //! belong to which record, what each replaces, the decoded sizes of the routing vectors).
+//!
+//! The E column: each skill's recon-argmin routing error (§9) for the current prompt —
+//! the chat's last user message, or while the chat has none a probe typed here (`/`).
+//! It is computed by a background job on the chat worker's model, which waits while a
+//! chat answer streams; the least E (what `auto` picks) and the chat's own skill are
+//! marked, and a skill that cannot be scored says why.
 
 use cortiq_engine::format::header::{Selection, SkillRecord};
 use cortiq_engine::format::{CmfFile, TensorEntry};
+use std::sync::Arc;
+
+use cortiq_engine::runtime::skill_route::Routing;
 use cortiq_views::skills::{
-    self as view, BaseTensor, Prop, SkillInfo, SkillRow, SkillsVm, TensorRow,
+    self as view, BaseTensor, Prop, RouteVm, ScoreVm, SkillInfo, SkillRow, SkillsVm, TensorRow,
 };
 use cortiq_views::util::{esc, human_bytes, shape_str};
 use cortiq_views::Theme;
@@ -13,6 +22,9 @@ use ratatui::layout::Rect;
 use ratatui::Frame;
 use serde_json::Value;
 
+use super::chat::Field;
+use super::chat_worker::{ActiveSkill, ChatReport, SharedEngine};
+use super::jobs::{JobKind, JobReport, Jobs};
 use super::masks::{quality_full, quality_short};
 use super::{Action, Ctx};
 use crate::cli::common::{json_brief, ranges};
@@ -26,6 +38,21 @@ pub struct SkillsState {
     pub selected: usize,
     /// Scroll of the tensor list, when it is open.
     detail: Option<u16>,
+    /// The chat worker's model, once loaded (E needs a forward of the backbone).
+    engine: Option<SharedEngine>,
+    /// Why there is no model to route with.
+    unavailable: Option<String>,
+    /// The chat's last user message: the prompt E is for.
+    chat_prompt: Option<String>,
+    /// The probe prompt typed here, used while the chat has no message.
+    probe: Field,
+    editing: bool,
+    /// The last prompt routed and its scores (or why they failed).
+    routed: Option<(String, Result<Arc<Routing>, String>)>,
+    /// The prompt being routed now.
+    routing: Option<String>,
+    /// The skill the chat runs with (from its worker).
+    chat_skill: ActiveSkill,
 }
 
 impl SkillsState {
@@ -55,7 +82,167 @@ impl SkillsState {
             orphans: orphans.iter().map(|e| esc(&e.name)).collect(),
             selected: 0,
             detail: None,
+            engine: None,
+            unavailable: None,
+            chat_prompt: None,
+            probe: Field::default(),
+            editing: false,
+            routed: None,
+            routing: None,
+            chat_skill: ActiveSkill::None,
         }
+    }
+
+    /// Whether E can be shown: a model with a skills registry (the chat worker's model
+    /// computes it).
+    pub fn wants_engine(&self) -> bool {
+        !self.rows.is_empty() && self.skill_file.is_none()
+    }
+
+    /// The chat's last user message changed (`None`: it has none).
+    pub fn set_chat_prompt(&mut self, prompt: Option<&str>) {
+        if self.chat_prompt.as_deref() != prompt {
+            self.chat_prompt = prompt.map(str::to_string);
+        }
+    }
+
+    /// The prompt E is for: the chat's last message, or else the probe.
+    pub fn prompt(&self) -> Option<&str> {
+        self.chat_prompt
+            .as_deref()
+            .or(Some(self.probe.text.as_str()))
+            .filter(|p| !p.trim().is_empty())
+    }
+
+    /// The scores of the current prompt, when computed.
+    pub fn scores(&self) -> Option<&Routing> {
+        match &self.routed {
+            Some((p, Ok(r))) if Some(p.as_str()) == self.prompt() => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Starts routing the current prompt when its scores are not computed or coming.
+    pub fn refresh(&mut self, jobs: &mut Jobs) {
+        if !self.wants_engine() || self.editing {
+            return;
+        }
+        let (Some(engine), Some(prompt)) = (self.engine.clone(), self.prompt()) else {
+            return;
+        };
+        let prompt = prompt.to_string();
+        if self.routed.as_ref().is_some_and(|(p, _)| *p == prompt)
+            || self.routing.as_deref() == Some(prompt.as_str())
+        {
+            return;
+        }
+        self.routing = Some(prompt.clone());
+        jobs.spawn(JobKind::Route, move |cancel, report| {
+            let cancelled = || cancel.load(std::sync::atomic::Ordering::Relaxed);
+            // A streaming chat answer has the cores.
+            cortiq_engine::exec::yield_to_foreground(&cancelled);
+            if cancelled() {
+                return;
+            }
+            let ids = engine.raw_tokens(&prompt);
+            let result = cortiq_engine::runtime::skill_route::route(&engine.model, &ids)
+                .map(Arc::new)
+                .map_err(|e| e.to_string());
+            report(JobReport::Route { prompt, result });
+        });
+    }
+
+    pub fn on_job(&mut self, r: &JobReport, ctx: &mut Ctx) {
+        match r {
+            JobReport::Chat(ChatReport::Engine(e)) => self.engine = Some(e.clone()),
+            JobReport::Chat(ChatReport::Unavailable { title, .. }) => {
+                self.unavailable = Some(title.clone())
+            }
+            JobReport::Chat(ChatReport::Choice(c)) => self.chat_skill = c.active.skill.clone(),
+            JobReport::Route { prompt, result } => {
+                if self.routing.as_deref() == Some(prompt.as_str()) {
+                    self.routing = None;
+                    ctx.jobs.finished(JobKind::Route);
+                }
+                self.routed = Some((prompt.clone(), result.clone()));
+            }
+            _ => {}
+        }
+    }
+
+    pub fn typing(&self) -> bool {
+        self.editing
+    }
+
+    /// The probe being typed: keys edit it; Enter or Esc ends (and routes it).
+    fn edit_probe(&mut self, a: &Action) {
+        match a {
+            Action::Enter | Action::Back => self.editing = false,
+            Action::Input(c) => self.probe.insert(&c.to_string()),
+            Action::Paste(p) => self.probe.insert(&p.replace(['\r', '\n'], " ")),
+            Action::Erase => self.probe.erase(),
+            Action::Left => self.probe.cursor = self.probe.cursor.saturating_sub(1),
+            Action::Right => {
+                self.probe.cursor = (self.probe.cursor + 1).min(self.probe.text.chars().count())
+            }
+            Action::Home => self.probe.cursor = 0,
+            Action::End => self.probe.cursor = self.probe.text.chars().count(),
+            _ => {}
+        }
+    }
+
+    /// The E column's view model.
+    fn route_vm(&self) -> (String, String, Vec<ScoreVm>) {
+        let quote = |p: &str| {
+            let one: String = p.split_whitespace().collect::<Vec<_>>().join(" ");
+            let cut: String = one.chars().take(60).collect();
+            let more = if one.chars().count() > 60 { "…" } else { "" };
+            format!("“{}{more}”", esc(&cut))
+        };
+        let source = if self.editing {
+            format!("probe: {}▏ (Enter routes it)", esc(&self.probe.text))
+        } else {
+            match (&self.chat_prompt, self.prompt()) {
+                (Some(p), _) => format!("the chat's last message {}", quote(p)),
+                (None, Some(p)) => format!("the probe {} (/ edits it)", quote(p)),
+                (None, None) => {
+                    "no prompt yet: ask in the Chat view (6), or / types a probe here".into()
+                }
+            }
+        };
+        let state = match (&self.engine, &self.unavailable) {
+            _ if self.prompt().is_none() || self.editing => String::new(),
+            (None, Some(why)) => format!("no model to route with: {why}"),
+            (None, None) => "loading the model…".into(),
+            (Some(_), _) if self.routing.is_some() && self.scores().is_none() => {
+                "computing…".into()
+            }
+            (Some(_), _) => match &self.routed {
+                Some((p, Err(e))) if Some(p.as_str()) == self.prompt() => e.clone(),
+                _ => String::new(),
+            },
+        };
+        let scores = self
+            .scores()
+            .map(|r| {
+                r.scores
+                    .iter()
+                    .map(|s| ScoreVm {
+                        e: s.error,
+                        least: r.choice == Some(s.index),
+                        problem: s.problem.clone(),
+                        in_chat: match &self.chat_skill {
+                            ActiveSkill::One(k) if *k == s.index => "●".into(),
+                            ActiveSkill::Blend(w) => w
+                                .get(s.index as usize)
+                                .map_or(String::new(), |w| format!("w {w:.2}")),
+                            _ => String::new(),
+                        },
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        (source, state, scores)
     }
 
     #[cfg(test)]
@@ -65,6 +252,21 @@ impl SkillsState {
 
     pub fn update(&mut self, a: &Action, ctx: &mut Ctx) {
         if self.rows.is_empty() {
+            return;
+        }
+        if self.editing {
+            self.edit_probe(a);
+            return;
+        }
+        if matches!(a, Action::Filter) && self.wants_engine() && self.detail.is_none() {
+            if self.chat_prompt.is_some() {
+                *ctx.flash = Some(
+                    "E is for the chat's last message; the probe is used while the chat has none"
+                        .into(),
+                );
+            } else {
+                self.editing = true;
+            }
             return;
         }
         let last = self.rows.len() - 1;
@@ -90,7 +292,7 @@ impl SkillsState {
             Action::End => self.selected = last,
             Action::Enter => self.detail = Some(0),
             Action::Click(x, y) => {
-                if let Some(i) = view::hit(ctx.body, &self.vm(), *x, *y) {
+                if let Some(i) = self.with_vm(|vm| view::hit(ctx.body, vm, *x, *y)) {
                     self.selected = i;
                 }
             }
@@ -118,6 +320,10 @@ impl SkillsState {
         );
         let hint = if self.detail.is_some() {
             "↑↓ scroll · Esc back"
+        } else if self.editing {
+            "type the probe · Enter routes it"
+        } else if self.wants_engine() {
+            "↑↓ skill · Enter tensors · / probe prompt"
         } else {
             "↑↓ skill · Enter tensors"
         };
@@ -126,6 +332,7 @@ impl SkillsState {
 
     fn vm(&self) -> SkillsVm<'_> {
         SkillsVm {
+            route: None,
             skill_file: self.skill_file.as_deref(),
             rows: &self.rows,
             selected: self.selected,
@@ -135,8 +342,54 @@ impl SkillsState {
         }
     }
 
+    /// The whole view model (with the E column when the file can be routed).
+    fn with_vm<R>(&self, use_vm: impl FnOnce(&SkillsVm) -> R) -> R {
+        if !self.wants_engine() {
+            return use_vm(&self.vm());
+        }
+        let (source, state, scores) = self.route_vm();
+        // The selected skill's score in its panel, with why it has none.
+        let info = self.infos.get(self.selected).map(|i| {
+            let mut i = i.clone();
+            let prop = match scores.get(self.selected) {
+                Some(s) => match (s.e, &s.problem) {
+                    (Some(e), _) => Prop::new(
+                        "E (this prompt)",
+                        format!(
+                            "{}{}",
+                            view::e_text(e),
+                            if s.least {
+                                " — the least: `auto` picks this skill"
+                            } else {
+                                ""
+                            }
+                        ),
+                    ),
+                    (None, Some(p)) => Prop::warn("E (this prompt)", format!("not scored: {p}")),
+                    (None, None) => Prop::warn("E (this prompt)", "not scored"),
+                },
+                None => Prop::new("E (this prompt)", "—"),
+            };
+            if self.prompt().is_some() {
+                i.props.insert(0, prop);
+            }
+            i
+        });
+        let vm = SkillsVm {
+            route: Some(RouteVm {
+                source: &source,
+                state: &state,
+                scores: &scores,
+                editing: self.editing,
+            }),
+            info: info.as_ref(),
+            ..self.vm()
+        };
+        use_vm(&vm)
+    }
+
     pub fn render(&self, f: &mut Frame, area: Rect, _file: &CmfFile, theme: &Theme) {
-        view::render(f, area, &self.vm(), theme);
+        self.with_vm(|vm| view::render(f, area, vm, theme));
     }
 }
 

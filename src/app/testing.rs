@@ -9,9 +9,10 @@ use cortiq_views::Theme;
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 
+use super::chat::ChatState;
 use super::jobs::Jobs;
 use super::keymap::Keymap;
-use super::{body_of, view, Action, App};
+use super::{body_of, view, Action, App, Screen};
 
 /// `../shared/fixtures/cmf/<name>`; fails the test naming the path when missing.
 pub fn fixture(name: &str) -> PathBuf {
@@ -39,6 +40,21 @@ pub fn sharded_fixture(dir: &Path) -> Vec<PathBuf> {
     })
     .expect("write the shards");
     shards.into_iter().map(|s| s.path).collect()
+}
+
+/// The chat view's state (started).
+pub fn chat(app: &App) -> &ChatState {
+    match &app.screen {
+        Screen::Model(m) => m.chat.as_ref().expect("the chat view started"),
+        _ => panic!("no model open"),
+    }
+}
+
+pub fn chat_mut(app: &mut App) -> &mut ChatState {
+    match &mut app.screen {
+        Screen::Model(m) => m.chat.as_mut().expect("the chat view started"),
+        _ => panic!("no model open"),
+    }
 }
 
 pub struct Harness {
@@ -145,3 +161,61 @@ impl Harness {
         out
     }
 }
+
+/// `qwen3-skills.cmf` (skill `sql` with a routing subspace; 4 layers, FFN width 128, 4
+/// heads) with a masks section added, written to `dir/skills-masked.cmf`: task `half`
+/// (every odd FFN neuron dead, quality not measured) and a task whose name carries
+/// control characters (head 0 off in every layer, quality measured).
+pub fn skills_masked_fixture(dir: &Path) -> PathBuf {
+    use cortiq_engine::format::masks::{build_section, MaskRecord};
+    use cortiq_engine::format::{writer, CmfFile};
+    let src = CmfFile::open(fixture("qwen3-skills.cmf")).expect("the fixture opens");
+    let (layers, inter, heads) = (4usize, 128usize, 4usize);
+    let bits = |n: usize, on: &dyn Fn(usize) -> bool| {
+        let mut b = vec![0u8; n.div_ceil(8)];
+        for i in (0..n).filter(|&i| on(i)) {
+            b[i / 8] |= 1 << (i % 8);
+        }
+        b
+    };
+    let blob = |ffn: &dyn Fn(usize) -> bool, head: &dyn Fn(usize) -> bool| {
+        let mut out = Vec::new();
+        for _ in 0..layers {
+            out.extend(bits(inter, ffn));
+        }
+        for _ in 0..layers {
+            out.extend(bits(heads, head));
+        }
+        out.extend(bits(layers, &|_| true));
+        out
+    };
+    let section = build_section(
+        None,
+        vec![
+            MaskRecord {
+                task_id: 1,
+                name: "half".into(),
+                ..MaskRecord::default()
+            },
+            MaskRecord {
+                task_id: 2,
+                name: HOSTILE_TASK.into(),
+                quality: Some(serde_json::json!({"metric": "ppl", "ratio": 1.01})),
+                ..MaskRecord::default()
+            },
+        ],
+        &[
+            blob(&|j| j % 2 == 0, &|_| true),
+            blob(&|_| true, &|h| h != 0),
+        ],
+    );
+    let mut spec = writer::spec_of(&src);
+    spec.masks = Some(section);
+    let out = dir.join("skills-masked.cmf");
+    let payloads: Vec<&[u8]> = src.directory.iter().map(|e| src.tensor_bytes(e)).collect();
+    writer::write_file(&out, spec, payloads).expect("write the masked copy");
+    out
+}
+
+/// The second task of [`skills_masked_fixture`]: a name no terminal should get raw.
+pub const HOSTILE_TASK: &str = "evil\u{1b}[31m\nname";

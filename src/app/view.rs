@@ -8,8 +8,8 @@ use cortiq_views::Theme;
 use ratatui::layout::Rect;
 use ratatui::Frame;
 
-use super::jobs::JobReport;
-use super::{chat, integrity, masks, overview, skills, tensors, Action, Ctx};
+use super::jobs::{JobKind, JobReport};
+use super::{chat, compare, integrity, masks, overview, skills, tensors, Action, Ctx};
 
 pub trait View {
     /// A key, mouse or command Action while this tab is shown.
@@ -66,6 +66,11 @@ impl View for masks::MasksState {
     fn update(&mut self, a: &Action, ctx: &mut Ctx) {
         masks::MasksState::update(self, a, ctx)
     }
+    fn on_job(&mut self, r: &JobReport, _ctx: &mut Ctx) {
+        if let JobReport::Chat(r) = r {
+            self.on_report(r);
+        }
+    }
     fn status(&self, file: &CmfFile) -> (String, String) {
         masks::MasksState::status(self, file)
     }
@@ -77,6 +82,12 @@ impl View for masks::MasksState {
 impl View for skills::SkillsState {
     fn update(&mut self, a: &Action, ctx: &mut Ctx) {
         skills::SkillsState::update(self, a, ctx)
+    }
+    fn on_job(&mut self, r: &JobReport, ctx: &mut Ctx) {
+        skills::SkillsState::on_job(self, r, ctx)
+    }
+    fn typing(&self) -> bool {
+        skills::SkillsState::typing(self)
     }
     fn status(&self, file: &CmfFile) -> (String, String) {
         skills::SkillsState::status(self, file)
@@ -109,12 +120,31 @@ impl View for chat::ChatState {
         if let Some(msg) = chat::ChatState::update(self, a, ctx.page) {
             *ctx.flash = Some(msg);
         }
+        for r in self.take_job_requests() {
+            match r {
+                chat::JobRequest::Compare(job) => {
+                    ctx.jobs.spawn(JobKind::Compare, move |cancel, report| {
+                        compare::run(&job, cancel, report)
+                    })
+                }
+                chat::JobRequest::CancelCompare => ctx.jobs.cancel(JobKind::Compare),
+            }
+        }
     }
     fn on_job(&mut self, r: &JobReport, ctx: &mut Ctx) {
-        if let JobReport::Chat(r) = r {
-            if let Some(msg) = self.on_report(r) {
-                *ctx.flash = Some(msg);
+        let msg = match r {
+            JobReport::Chat(r) => self.on_report(r),
+            JobReport::Compare(r) => {
+                let msg = self.on_compare(r);
+                if !self.comparing() {
+                    ctx.jobs.finished(JobKind::Compare);
+                }
+                msg
             }
+            _ => None,
+        };
+        if let Some(msg) = msg {
+            *ctx.flash = Some(msg);
         }
     }
     fn status(&self, _file: &CmfFile) -> (String, String) {

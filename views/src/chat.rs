@@ -138,6 +138,9 @@ pub struct StatusVm<'a> {
     pub sampler: &'a str,
     /// `exact` or `fast`.
     pub precision: &'a str,
+    /// What the model runs under and what a switch does to the cache, e.g.
+    /// `task code · switch: keep cache` (empty: not shown).
+    pub choice: &'a str,
 }
 
 /// The sampler's settings, for [`sampler_summary`].
@@ -287,12 +290,27 @@ pub enum PopupVm<'a> {
     Settings(SettingsVm<'a>),
     Prompt(PromptVm<'a>),
     Token(TokenInspectorVm<'a>),
+    /// The task or skill picker.
+    Picker(crate::choice::PickerVm<'a>),
+    /// The same prompt answered under two choices.
+    Compare(crate::choice::CompareVm<'a>),
+}
+
+/// A line across the transcript before message `before` (a switch of task or skill).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DividerVm<'a> {
+    /// Index into [`ChatVm::messages`]; past the end: after the last message.
+    pub before: usize,
+    /// E.g. `task code · re-prefilled 42 positions in 0.03 s` (escaped here).
+    pub text: &'a str,
 }
 
 /// Everything the chat view shows.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChatVm<'a> {
     pub messages: &'a [MessageVm<'a>],
+    /// Switch markers, in order of `before`.
+    pub dividers: &'a [DividerVm<'a>],
     /// Lines scrolled up from the bottom; 0 follows the end. Clamped here; see
     /// [`transcript_page`] for the limit.
     pub scroll: usize,
@@ -379,6 +397,8 @@ pub fn render(f: &mut Frame, area: Rect, vm: &ChatVm, theme: &Theme) {
             PopupVm::Settings(s) => render_settings(f, r, s, theme),
             PopupVm::Prompt(p) => render_prompt(f, r, p, theme),
             PopupVm::Token(t) => render_token(f, r, t, theme),
+            PopupVm::Picker(p) => crate::choice::render_picker(f, r, p, theme),
+            PopupVm::Compare(c) => crate::choice::render_compare(f, r, c, theme),
         }
     }
 }
@@ -413,8 +433,17 @@ const SPINNER: [&str; 10] = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "�
 
 fn transcript_rows<'b>(vm: &'b ChatVm<'b>, width: usize, theme: &Theme) -> Vec<(Kind, Row<'b>)> {
     let mut rows = Vec::new();
+    let divider = |rows: &mut Vec<(Kind, Row<'b>)>, d: &DividerVm| {
+        if !rows.is_empty() {
+            rows.push((Kind::Blank, Row::Own(Line::default())));
+        }
+        rows.push((Kind::Header, Row::Own(divider_line(d.text, width, theme))));
+    };
     for (i, m) in vm.messages.iter().enumerate() {
-        if i > 0 {
+        for d in vm.dividers.iter().filter(|d| d.before == i) {
+            divider(&mut rows, d);
+        }
+        if !rows.is_empty() {
             rows.push((Kind::Blank, Row::Own(Line::default())));
         }
         rows.push((Kind::Header, Row::Own(header(m, theme))));
@@ -464,7 +493,26 @@ fn transcript_rows<'b>(vm: &'b ChatVm<'b>, width: usize, theme: &Theme) -> Vec<(
             rows.push((body, Row::Own(Line::styled("(empty reply)", theme.dim))));
         }
     }
+    for d in vm.dividers.iter().filter(|d| d.before >= vm.messages.len()) {
+        divider(&mut rows, d);
+    }
     rows
+}
+
+/// `── text ─────…` across `width` columns (the gutter included).
+fn divider_line<'b>(text: &str, width: usize, theme: &Theme) -> Line<'b> {
+    let full = width + GUTTER as usize;
+    let head = format!("── {} ", clean(text));
+    let head = if width_of(&head) + 2 > full {
+        fit(&head, full.saturating_sub(2)).trim_end().to_string() + " "
+    } else {
+        head
+    };
+    let rest = full.saturating_sub(width_of(&head));
+    Line::from(vec![
+        Span::styled(head, theme.accent),
+        Span::styled("─".repeat(rest), theme.dim),
+    ])
 }
 
 fn header<'b>(m: &MessageVm, theme: &Theme) -> Line<'b> {
@@ -620,6 +668,9 @@ fn status_line<'b>(s: &StatusVm, width: usize, theme: &Theme) -> Line<'b> {
         ChatState::Failed => ("failed".into(), theme.bad),
     };
     let mut parts: Vec<Span> = vec![Span::styled(state, style)];
+    if !s.choice.is_empty() {
+        parts.push(Span::styled(clean(s.choice), theme.accent));
+    }
     if let Some((used, cap)) = s.context {
         let full = cap > 0 && used.saturating_mul(10) >= cap.saturating_mul(9);
         parts.push(Span::styled(
@@ -807,14 +858,14 @@ fn text_box(f: &mut Frame, r: Rect, text: &str, cursor: Option<usize>, style: St
 // ---------------------------------------------------------------------------------------
 // Popups
 
-fn popup_block<'b>(title: String, theme: &Theme) -> Block<'b> {
+pub(crate) fn popup_block<'b>(title: String, theme: &Theme) -> Block<'b> {
     Block::bordered()
         .title(Span::styled(title, theme.title))
         .border_style(theme.accent)
 }
 
 /// `s` cut or padded to exactly `w` display columns.
-fn fit(s: &str, w: usize) -> String {
+pub(crate) fn fit(s: &str, w: usize) -> String {
     let sw = width_of(s);
     if sw <= w {
         return format!("{s}{}", " ".repeat(w - sw));
@@ -836,7 +887,7 @@ fn fit(s: &str, w: usize) -> String {
     out + &" ".repeat(w.saturating_sub(used))
 }
 
-fn hint_line<'b>(hint: &str, theme: &Theme) -> Line<'b> {
+pub(crate) fn hint_line<'b>(hint: &str, theme: &Theme) -> Line<'b> {
     Line::styled(clean(hint), theme.dim)
 }
 
@@ -1183,12 +1234,14 @@ mod tests {
             context: Some((1234, 4096)),
             sampler: "T 0.8 · top-k 40 · top-p 0.95 · min-p 0.05 · rep 1.0 · seed 42",
             precision: "exact",
+            choice: "",
         }
     }
 
     fn vm<'a>(messages: &'a [MessageVm<'a>]) -> ChatVm<'a> {
         ChatVm {
             messages,
+            dividers: &[],
             scroll: 0,
             input: InputVm {
                 text: "",

@@ -8,6 +8,7 @@ pub mod util;
 
 pub use theme::Theme;
 pub mod chat;
+pub mod choice;
 pub mod integrity;
 pub mod markdown;
 pub mod masks;

@@ -140,6 +140,8 @@ pub struct MasksVm<'a> {
     /// The selected task's rows, layer by layer.
     pub layers: &'a [LayerRow],
     pub detail: Option<(&'a BitDetail, u16)>,
+    /// The task the chat runs under (an index into `tasks`): marked `●`.
+    pub active: Option<usize>,
 }
 
 const SET: char = '●';
@@ -434,7 +436,12 @@ fn render_tasks(f: &mut Frame, area: Rect, vm: &MasksVm, theme: &Theme) {
     for (i, t) in vm.tasks.iter().enumerate().skip(start).take(h) {
         let sel = i == vm.selected;
         let text = row(
-            if sel { "▶ " } else { "  " },
+            match (sel, vm.active == Some(i)) {
+                (true, true) => "▶●",
+                (true, false) => "▶ ",
+                (false, true) => " ●",
+                (false, false) => "  ",
+            },
             &t.task_id,
             &esc(&t.name),
             &t.priority,
@@ -450,8 +457,12 @@ fn render_tasks(f: &mut Frame, area: Rect, vm: &MasksVm, theme: &Theme) {
             Line::raw(text)
         });
     }
+    let running = match vm.active.and_then(|i| vm.tasks.get(i)) {
+        Some(t) => format!(" · ● the chat runs under {}", esc(&t.name)),
+        None => String::new(),
+    };
     let title = format!(
-        " {} · sparsity: declared / measured (FFN neurons masked out) ",
+        " {}{running} · sparsity: declared / measured (FFN neurons masked out) ",
         vm.title
     );
     f.render_widget(

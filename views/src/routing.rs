@@ -94,10 +94,15 @@ pub struct RoutingVm<'a> {
     pub follow: bool,
     pub selected: Option<TokenRoutesVm<'a>>,
     /// The active task mask's expert fields (per layer as `layers`, per expert: whether
-    /// the mask lets it route). The next issue draws them on the heat map's grid; this
-    /// one leaves them undrawn.
+    /// the mask lets it route): masked-out experts are drawn `×` on the grid, with a
+    /// legend line naming the task.
     pub mask_experts: Option<&'a [Vec<bool>]>,
+    /// The task whose expert fields `mask_experts` holds (escaped here).
+    pub mask_task: Option<&'a str>,
 }
+
+/// The glyph of an expert the active task masks out.
+pub const MASKED: char = '×';
 
 /// Instead of the map: why there is nothing to show.
 pub struct NoticeVm<'a> {
@@ -139,8 +144,9 @@ fn panels(area: Rect, vm: &RoutingVm) -> Panels {
     // legend take two rows, the border two more.
     let most = (area.height / 2).saturating_sub(4).max(1);
     let rows = (vm.layers.len().max(1) as u16).min(most);
+    let legend = u16::from(vm.mask_experts.is_some());
     let [heat, bottom] =
-        Layout::vertical([Constraint::Length(rows + 4), Constraint::Min(3)]).areas(area);
+        Layout::vertical([Constraint::Length(rows + 4 + legend), Constraint::Min(3)]).areas(area);
     let left_w = (area.width * 2 / 5).clamp(28.min(area.width), 48);
     let [token, transcript] =
         Layout::horizontal([Constraint::Length(left_w), Constraint::Min(10)]).areas(bottom);
@@ -245,8 +251,18 @@ fn render_heat(f: &mut Frame, area: Rect, vm: &RoutingVm, theme: &Theme) {
     head.push_str(SUMMARY_HEAD);
     lines.push(Line::styled(head, theme.dim));
 
-    let rows_h = inner_h.saturating_sub(2).max(1);
+    let legend_h = 1 + usize::from(vm.mask_experts.is_some());
+    let rows_h = inner_h.saturating_sub(1 + legend_h).max(1);
     let first = page_start(vm.layer, rows_h);
+    // Per layer and column: whether the task masks out every expert of the column.
+    let masked_out = |layer: usize, c: usize| -> bool {
+        let Some(row) = vm.mask_experts.and_then(|m| m.get(layer)) else {
+            return false;
+        };
+        let experts = vm.layers[layer].experts;
+        let span = (c * per).min(experts)..((c + 1) * per).min(experts);
+        !span.is_empty() && span.into_iter().all(|e| row.get(e) == Some(&false))
+    };
     for (i, l) in vm.layers.iter().enumerate().skip(first).take(rows_h) {
         let sel = i == vm.layer;
         let label = format!("{}{}", if sel { "▶ " } else { "  " }, l.layer);
@@ -254,9 +270,17 @@ fn render_heat(f: &mut Frame, area: Rect, vm: &RoutingVm, theme: &Theme) {
             pad(&label, LABEL_W),
             if sel { theme.accent } else { theme.base },
         )];
-        // The next issue draws `vm.mask_experts` (the active task mask) on these cells.
-        for &v in &binned[i] {
-            let (g, style) = if v <= 0.0 || max <= 0.0 {
+        for (c, &v) in binned[i].iter().enumerate() {
+            let masked = masked_out(i, c);
+            let (g, style) = if masked && (v <= 0.0 || max <= 0.0) {
+                (MASKED, theme.dim)
+            } else if masked {
+                // Chosen before the switch to the task (a kept cache): dim, crossed out.
+                (
+                    glyph(v / max),
+                    theme.dim.add_modifier(Modifier::CROSSED_OUT),
+                )
+            } else if v <= 0.0 || max <= 0.0 {
                 ('·', theme.dim)
             } else {
                 let x = v / max;
@@ -270,12 +294,17 @@ fn render_heat(f: &mut Frame, area: Rect, vm: &RoutingVm, theme: &Theme) {
                 (glyph(x), style)
             };
             // Never chosen: one dot, so that empty cells stay quiet.
-            let reps = if g == '·' {
+            let reps = if g == '·' || g == MASKED {
                 1
             } else {
                 cw.saturating_sub(1).max(1)
             };
             let mut text = g.to_string().repeat(reps);
+            // Masked out but chosen before the switch: the shade ends in ×.
+            if masked && g != MASKED {
+                text.pop();
+                text.push(MASKED);
+            }
             text.push_str(&" ".repeat(cw - text.chars().count()));
             spans.push(Span::styled(text, style));
         }
@@ -313,6 +342,18 @@ fn render_heat(f: &mut Frame, area: Rect, vm: &RoutingVm, theme: &Theme) {
     }
     legend.push_str(" · balance: entropy, 1 = even");
     lines.push(Line::styled(truncate(&legend, inner_w), theme.dim));
+    if let Some(m) = vm.mask_experts {
+        let closed: usize = m.iter().map(|r| r.iter().filter(|&&o| !o).count()).sum();
+        let all: usize = m.iter().map(Vec::len).sum();
+        let mut text = format!(
+            "{MASKED} masked out by task {} ({closed} of {all} experts may not route) · ▓{MASKED} chosen before the switch",
+            esc(vm.mask_task.unwrap_or("?"))
+        );
+        if per > 1 {
+            text.push_str(" · a column is × when all its experts are");
+        }
+        lines.push(Line::styled(truncate(&text, inner_w), theme.accent));
+    }
 
     let k = vm.layers.first().map_or(0, |l| l.top_k);
     let rows = if vm.layers.len() > rows_h {
@@ -676,6 +717,7 @@ mod tests {
             follow: false,
             selected: Some(selected),
             mask_experts: None,
+            mask_task: None,
         };
         draw(97, 31, |f| render(f, f.area(), &vm, theme))
     }
@@ -687,6 +729,52 @@ mod tests {
             "routing_7_experts_97x31",
             render_fixture(&fx, 1, 6, &Theme::plain())
         );
+    }
+
+    #[test]
+    fn snapshot_expert_mask_on_the_grid() {
+        let fx = fixture();
+        // Layer 1: experts 2, 5, 6 masked out; layer 3: all open; layer 5: 0 and 6 out
+        // (expert 0 was chosen before the switch: dim, not ×).
+        let mask: Vec<Vec<bool>> = vec![
+            (0..7).map(|e| ![2, 5, 6].contains(&e)).collect(),
+            vec![true; 7],
+            (0..7).map(|e| e != 0 && e != 6).collect(),
+        ];
+        let vm = RoutingVm {
+            measure: Measure::Counts,
+            tokens: fx.texts.len(),
+            layers: &fx.layers,
+            layer: 0,
+            transcript: &[],
+            cursor: None,
+            follow: true,
+            selected: None,
+            mask_experts: Some(&mask),
+            mask_task: Some("co\u{1b}de"),
+        };
+        let screen = draw(97, 16, |f| render(f, f.area(), &vm, &Theme::plain()));
+        insta::assert_snapshot!("routing_expert_mask_97x16", screen);
+        assert!(
+            screen.contains("× masked out by task co"),
+            "the legend names the task:\n{screen}"
+        );
+        assert!(!screen.contains('\u{1b}'));
+        // Layer 1's row: the masked experts' columns are ×.
+        let row = screen.lines().find(|l| l.contains("▶ 1")).unwrap();
+        assert_eq!(row.matches('×').count(), 3, "{row}");
+        let row5 = screen.lines().find(|l| l.starts_with("│  5 ")).unwrap();
+        assert_eq!(row5.matches('×').count(), 2, "{row5}");
+        assert!(row5.contains("▓▓×"), "chosen before the switch: {row5}");
+        // Without a mask nothing is ×.
+        let plain = RoutingVm {
+            mask_experts: None,
+            mask_task: None,
+            ..vm
+        };
+        let screen = draw(97, 16, |f| render(f, f.area(), &plain, &Theme::plain()));
+        // (The title's `× top-2` aside.)
+        assert!(!screen.lines().skip(1).any(|l| l.contains('×')), "{screen}");
     }
 
     #[test]
@@ -723,6 +811,7 @@ mod tests {
             follow: true,
             selected: None,
             mask_experts: None,
+            mask_task: None,
         };
         let screen = draw(80, 20, |f| render(f, f.area(), &vm, &Theme::plain()));
         assert!(screen.contains("one column = 4 experts"), "{screen}");

@@ -75,9 +75,38 @@ pub struct SkillInfo {
     pub tensors: Vec<TensorRow>,
 }
 
+/// One skill's routing score for the current prompt (§9 recon-argmin).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScoreVm {
+    /// The reconstruction error E; `None` when the skill is not scored.
+    pub e: Option<f32>,
+    /// The least E: the skill `auto` chooses.
+    pub least: bool,
+    /// Why it is not scored (no selection subspace, inconsistent sizes).
+    pub problem: Option<String>,
+    /// What the chat runs with it: `●` (this skill), `w 0.73` (a blend's weight), or empty.
+    pub in_chat: String,
+}
+
+/// The routing scores the list shows, and the prompt they are for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteVm<'a> {
+    /// Where the prompt comes from, then the prompt (escaped here), e.g.
+    /// `the chat's last message: “SELECT …”`.
+    pub source: &'a str,
+    /// `computing…`, an error, or empty once `scores` are in.
+    pub state: &'a str,
+    /// Per registry row, in order (empty while nothing is computed).
+    pub scores: &'a [ScoreVm],
+    /// The probe prompt is being typed (the source is shown as the field).
+    pub editing: bool,
+}
+
 pub struct SkillsVm<'a> {
     /// Facts of a standalone skill file (§9.1); `None` for a model.
     pub skill_file: Option<&'a [Prop]>,
+    /// Routing scores for the current prompt (`None`: the file cannot be routed).
+    pub route: Option<RouteVm<'a>>,
     pub rows: &'a [SkillRow],
     pub selected: usize,
     pub info: Option<&'a SkillInfo>,
@@ -167,11 +196,16 @@ fn panels(area: Rect, vm: &SkillsVm) -> [Rect; 3] {
         (true, true) => (Constraint::Min(6), Constraint::Length(0)),
         (true, false) => (Constraint::Length(6), Constraint::Min(3)),
         (false, _) => (
-            Constraint::Length(vm.rows.len().min(8) as u16 + 3),
+            Constraint::Length(vm.rows.len().min(8) as u16 + 3 + route_h(vm)),
             Constraint::Min(3),
         ),
     };
     Layout::vertical([Constraint::Length(file_h), list, rest]).areas(area)
+}
+
+/// Rows the routing line takes above the list's heading.
+fn route_h(vm: &SkillsVm) -> u16 {
+    u16::from(vm.route.is_some())
 }
 
 /// The registry row a click at (`x`, `y`) lands on, from the layout `render` draws.
@@ -180,13 +214,31 @@ pub fn hit(area: Rect, vm: &SkillsVm, x: u16, y: u16) -> Option<usize> {
         return None;
     }
     let [_, list, _] = panels(area, vm);
+    let top = list.y + 2 + route_h(vm);
     let inside = x > list.x && x + 1 < list.x + list.width;
-    if !inside || y < list.y + 2 || y + 1 >= list.y + list.height {
+    if !inside || y < top || y + 1 >= list.y + list.height {
         return None;
     }
-    let h = list.height.saturating_sub(3) as usize;
-    let i = page_start(vm.selected, h) + (y - list.y - 2) as usize;
+    let h = list.height.saturating_sub(3 + route_h(vm)) as usize;
+    let i = page_start(vm.selected, h) + (y - top) as usize;
     (i < vm.rows.len()).then_some(i)
+}
+
+/// `0.0006`, `1.63`, `12.4`: E with about three significant digits.
+pub fn e_text(e: f32) -> String {
+    if !e.is_finite() {
+        return "∞".into();
+    }
+    let a = e.abs();
+    if a >= 100.0 {
+        format!("{e:.0}")
+    } else if a >= 10.0 {
+        format!("{e:.1}")
+    } else if a >= 0.1 || a == 0.0 {
+        format!("{e:.3}")
+    } else {
+        format!("{e:.4}")
+    }
 }
 
 fn prop_lines<'a>(props: &[Prop], width: u16, theme: &Theme) -> Vec<Line<'a>> {
@@ -296,13 +348,55 @@ fn render_list(f: &mut Frame, area: Rect, vm: &SkillsVm, theme: &Theme) {
         14,
     );
     let routing_w = col_w("routing", vm.rows.iter().map(|r| r.routing.as_str()), 26);
+    let scores = vm.route.as_ref().map_or(&[][..], |r| r.scores);
+    // The E column: the score, `◀` on the least (auto's choice), the chat's use.
+    let score_cells: Vec<(String, String)> = (0..vm.rows.len())
+        .map(|i| match scores.get(i) {
+            None => ("".into(), String::new()),
+            Some(s) => (
+                match s.e {
+                    Some(e) => format!("{}{}", e_text(e), if s.least { " ◀" } else { "" }),
+                    None => "—".into(),
+                },
+                esc(&s.in_chat),
+            ),
+        })
+        .collect();
+    // The columns show once there is something in them.
+    let show_e = !scores.is_empty();
+    let show_chat = scores.iter().any(|s| !s.in_chat.is_empty());
+    let e_w = col_w("E", score_cells.iter().map(|c| c.0.as_str()), 12).max(6);
+    let chat_w = col_w("chat", score_cells.iter().map(|c| c.1.as_str()), 10);
+    let score_w = if show_e { e_w + 2 } else { 0 } + if show_chat { chat_w + 2 } else { 0 };
     let inner_w = area.width.saturating_sub(2) as usize;
-    let fixed =
-        2 + id_w + 2 + name_w + 2 + layers_w + 2 + 7 + 2 + 10 + 2 + mask_w + 2 + routing_w + 2;
+    let fixed = 2
+        + id_w
+        + 2
+        + name_w
+        + 2
+        + layers_w
+        + 2
+        + 7
+        + 2
+        + 10
+        + 2
+        + mask_w
+        + 2
+        + routing_w
+        + 2
+        + score_w;
     let quality_w = inner_w.saturating_sub(fixed).max(12);
-    let line = |marker: &str, r: [&str; 8]| {
+    let line = |marker: &str, r: [&str; 8], score: (&str, &str)| {
+        let mut cells = String::new();
+        if show_e {
+            cells.push_str(&format!("{}  ", pad_left(score.0, e_w)));
+        }
+        if show_chat {
+            cells.push_str(&format!("{}  ", pad(score.1, chat_w)));
+        }
+        let score = cells;
         format!(
-            "{marker}{}  {}  {}  {}  {}  {}  {}  {}",
+            "{marker}{}  {}  {}  {}  {}  {}  {}  {score}{}",
             pad(r[0], id_w),
             pad(r[1], name_w),
             pad(r[2], layers_w),
@@ -313,7 +407,19 @@ fn render_list(f: &mut Frame, area: Rect, vm: &SkillsVm, theme: &Theme) {
             truncate(r[7], quality_w),
         )
     };
-    let mut lines = vec![Line::styled(
+    let mut lines = Vec::new();
+    if let Some(route) = &vm.route {
+        let mut spans = vec![Span::styled("routing E for ", theme.dim)];
+        spans.push(Span::styled(
+            truncate(&esc(route.source), inner_w.saturating_sub(14)),
+            if route.editing { theme.key } else { theme.base },
+        ));
+        if !route.state.is_empty() {
+            spans.push(Span::styled(format!(" · {}", esc(route.state)), theme.warn));
+        }
+        lines.push(Line::from(spans));
+    }
+    lines.push(Line::styled(
         line(
             "  ",
             [
@@ -326,10 +432,11 @@ fn render_list(f: &mut Frame, area: Rect, vm: &SkillsVm, theme: &Theme) {
                 "routing",
                 "quality",
             ],
+            ("E", "chat"),
         ),
         theme.dim,
-    )];
-    let h = area.height.saturating_sub(3) as usize;
+    ));
+    let h = area.height.saturating_sub(3 + route_h(vm)) as usize;
     let start = page_start(vm.selected, h);
     for (i, r) in vm.rows.iter().enumerate().skip(start).take(h) {
         let sel = i == vm.selected;
@@ -345,6 +452,7 @@ fn render_list(f: &mut Frame, area: Rect, vm: &SkillsVm, theme: &Theme) {
                 &esc(&r.routing),
                 &esc(&r.quality),
             ],
+            (&score_cells[i].0, &score_cells[i].1),
         );
         lines.push(if sel {
             Line::styled(text, theme.selected)
