@@ -272,23 +272,25 @@ fn masked_run_equals_zeroed_weights_at_two_sizes() {
     );
 }
 
-#[test]
-fn gathered_columns_decode_to_the_gathered_values() {
-    let (rows, cols) = (9usize, 40usize);
+/// A `[rows, cols]` test matrix encoded in `dtype`: its payload and decoded values.
+fn encoded(dtype: DType, rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
     let values: Vec<f32> = (0..rows * cols)
         .map(|i| ((i * 7919) % 211) as f32 / 70.0 - 1.5)
         .collect();
+    let shape = [rows as u64, cols as u64];
+    let bytes = quant::encode(dtype, &shape, &values, &EncodeOptions::default()).unwrap();
+    let full = quant::decode(dtype, &shape, &bytes).unwrap();
+    (bytes, full)
+}
+
+#[test]
+fn gathered_columns_decode_to_the_gathered_values() {
+    use DType::*;
+    let (rows, cols) = (9usize, 40usize);
     let keep: Vec<u32> = vec![0, 3, 4, 5, 17, 31, 39];
     let shape = [rows as u64, cols as u64];
-    for dtype in [
-        DType::F32,
-        DType::F16,
-        DType::Bf16,
-        DType::Q8Row,
-        DType::Q8_2f,
-    ] {
-        let bytes = quant::encode(dtype, &shape, &values, &EncodeOptions::default()).unwrap();
-        let full = quant::decode(dtype, &shape, &bytes).unwrap();
+    for dtype in [F32, F16, Bf16, Q8Row, Q8_2f] {
+        let (bytes, full) = encoded(dtype, rows, cols);
         let packed = quant::gather_columns(dtype, &shape, &bytes, &keep).unwrap();
         let got = quant::decode(dtype, &[rows as u64, keep.len() as u64], &packed).unwrap();
         for r in 0..rows {
@@ -301,8 +303,37 @@ fn gathered_columns_decode_to_the_gathered_values() {
             }
         }
     }
-    let q4 = quant::encode(DType::Q4Block, &shape, &values, &EncodeOptions::default()).unwrap();
-    assert!(quant::gather_columns(DType::Q4Block, &shape, &q4, &keep).is_none());
+    let (q4, _) = encoded(Q4Block, rows, cols);
+    assert!(quant::gather_columns(Q4Block, &shape, &q4, &keep).is_none());
+    // Rows: every layout whose rows are self-contained (4-bit groups when cols % 32 == 0).
+    let (rows, cols) = (11usize, 64usize);
+    let keep: Vec<u32> = vec![0, 2, 3, 7, 10];
+    let shape = [rows as u64, cols as u64];
+    for dtype in [F32, F16, Bf16, Q8Row, Q8_2f, Q4Block, Q4Tiled] {
+        let (bytes, full) = encoded(dtype, rows, cols);
+        let packed = quant::gather_rows(dtype, &shape, &bytes, &keep).unwrap();
+        let got = quant::decode(dtype, &[keep.len() as u64, cols as u64], &packed).unwrap();
+        for (k, &r) in keep.iter().enumerate() {
+            let r = r as usize;
+            assert_eq!(
+                &got[k * cols..(k + 1) * cols],
+                &full[r * cols..(r + 1) * cols],
+                "{dtype:?}"
+            );
+        }
+    }
+    let odd = [3u64, 40];
+    let q4 = quant::encode(
+        DType::Q4Block,
+        &odd,
+        &vec![0.5; 120],
+        &EncodeOptions::default(),
+    )
+    .unwrap();
+    assert!(
+        quant::gather_rows(DType::Q4Block, &odd, &q4, &[1]).is_none(),
+        "groups across rows"
+    );
     assert!(quant::gather_columns(DType::F32, &shape, &[0u8; 4], &keep).is_none());
 }
 

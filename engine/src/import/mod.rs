@@ -8,9 +8,9 @@ pub mod gguf;
 pub mod gguf_import;
 pub mod gguf_tokenizer;
 pub mod hf;
-pub mod rewrite;
 #[cfg(test)]
 mod hf_tests;
+pub mod rewrite;
 
 /// The end of the batch of tensors starting at `start` (of `total`): as many as fit in
 /// `budget` bytes by `cost`, at least one. Converters encode a batch on all threads and

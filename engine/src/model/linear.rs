@@ -250,7 +250,35 @@ impl Linear {
         t: usize,
         ys: [&mut [f32]; N],
     ) {
-        let views = lins.map(|l| l.view(sel));
+        LinView::forward_many(lins.map(|l| l.view(sel)), rows, x, t, ys)
+    }
+
+    /// Adds the bias (if any) to `y` [t, out], as [`Linear::forward`] does.
+    pub fn add_bias_to(&self, y: &mut [f32]) {
+        add_bias(self.bias.as_deref(), None, y)
+    }
+
+    /// Row `r` of `W` decoded (an embedding lookup).
+    pub fn row(&self, r: usize, out: &mut [f32]) {
+        self.row_in(SkillSel::Base, r, out)
+    }
+
+    /// Row `r` of the source `sel` picks.
+    pub fn row_in(&self, sel: SkillSel, r: usize, out: &mut [f32]) {
+        let v = self.view(sel);
+        v.m.row(v.bytes, r, out)
+    }
+}
+
+impl LinView<'_> {
+    /// [`Linear::forward_many`] over views.
+    pub fn forward_many<const N: usize>(
+        views: [LinView; N],
+        rows: Option<&[u32]>,
+        x: &[f32],
+        t: usize,
+        ys: [&mut [f32]; N],
+    ) {
         if t == 1 && views.iter().all(|v| v.precision == views[0].precision) {
             let mut parts: [matrix::MatvecPart; N] = {
                 let mut ys = ys.into_iter();
@@ -273,22 +301,6 @@ impl Linear {
                 }
             }
         }
-    }
-
-    /// Adds the bias (if any) to `y` [t, out], as [`Linear::forward`] does.
-    pub fn add_bias_to(&self, y: &mut [f32]) {
-        add_bias(self.bias.as_deref(), None, y)
-    }
-
-    /// Row `r` of `W` decoded (an embedding lookup).
-    pub fn row(&self, r: usize, out: &mut [f32]) {
-        self.row_in(SkillSel::Base, r, out)
-    }
-
-    /// Row `r` of the source `sel` picks.
-    pub fn row_in(&self, sel: SkillSel, r: usize, out: &mut [f32]) {
-        let v = self.view(sel);
-        v.m.row(v.bytes, r, out)
     }
 }
 

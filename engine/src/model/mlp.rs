@@ -1,7 +1,7 @@
 //! Gated MLP: `down(act(gate(x)) ⊙ up(x))`, SwiGLU or GeLU-tanh.
 
 use super::config::Activation;
-use super::linear::{LinView, Linear, SkillSel};
+use super::linear::{LinView, Linear, OwnedWeight, SkillSel};
 use super::scope::Scope;
 use super::select::FfnSel;
 use super::ModelError;
@@ -64,20 +64,33 @@ impl Mlp {
     /// the dead neurons contribute nothing: exactly the model whose dead neurons' weights
     /// are zero. down_proj reads only the live columns when the mask packed them (and no
     /// skill replaces down_proj), else the whole matrix with zero inputs.
-    pub fn forward(
-        &self,
+    pub fn forward<'a>(
+        &'a self,
         h: &[f32],
         t: usize,
         s: &mut MlpScratch,
         out: &mut [f32],
-        sel: SkillSel,
-        ffn: Option<FfnSel>,
+        sel: SkillSel<'a>,
+        ffn: Option<FfnSel<'a>>,
     ) {
         let live = ffn.map(|f| f.live);
         let width = live.map_or(self.gate.out_dim(), |l| l.len());
         let n = width * t;
         let (g, u) = (&mut s.g[..n], &mut s.u[..n]);
-        Linear::forward_many(sel, [&self.gate, &self.up], live, h, t, [g, u]);
+        let (gv, uv) = (self.gate.view(sel), self.up.view(sel));
+        match ffn.and_then(|f| f.gate_up) {
+            // The packed live rows, unless a skill replaces gate or up.
+            Some((pg, pu)) if is_base(&gv, &self.gate) && is_base(&uv, &self.up) => {
+                let packed = |w: &'a OwnedWeight, v: &LinView<'a>| LinView {
+                    m: &w.m,
+                    bytes: &w.bytes,
+                    bias: w.bias.as_deref(),
+                    precision: v.precision,
+                };
+                LinView::forward_many([packed(pg, &gv), packed(pu, &uv)], None, h, t, [g, u]);
+            }
+            _ => LinView::forward_many([gv, uv], live, h, t, [g, u]),
+        }
         for (gv, &uv) in g.iter_mut().zip(u.iter()) {
             *gv = activate(self.act, *gv) * uv;
         }
@@ -86,7 +99,7 @@ impl Mlp {
         };
         let down = self.down.view(sel);
         if let Some(p) = ffn.and_then(|f| f.down) {
-            if std::ptr::eq(down.bytes.as_ptr(), self.down.bytes().as_ptr()) {
+            if is_base(&down, &self.down) {
                 let packed = LinView {
                     m: &p.m,
                     bytes: &p.bytes,
@@ -110,6 +123,11 @@ impl Mlp {
         }
         down.forward(wide, t, out);
     }
+}
+
+/// Whether `v` reads `lin`'s own (backbone) bytes, not a skill's.
+fn is_base(v: &LinView, lin: &Linear) -> bool {
+    std::ptr::eq(v.bytes.as_ptr(), lin.bytes().as_ptr())
 }
 
 pub fn activate(act: Activation, x: f32) -> f32 {

@@ -27,6 +27,12 @@ pub struct LayerMask {
     /// (row-scaled layouts; see [`crate::quant::gather_columns`]): the masked product then
     /// reads only them. Group-quantized layouts read the whole matrix with zero inputs.
     pub down: Option<PackedDown>,
+    /// The live rows of gate_proj and up_proj, packed in their own dtype where rows are
+    /// self-contained ([`crate::quant::gather_rows`]): one contiguous stream instead of
+    /// scattered rows (measured: on Qwen2.5-0.5B's q8_row FFN, scattered live rows ran at
+    /// ~60 % of the dense read bandwidth). The task's forwards then read none of the
+    /// file's FFN pages.
+    pub gate_up: Option<(PackedDown, PackedDown)>,
     /// Live query heads (an attention layer with some head masked out).
     pub heads: Option<Vec<bool>>,
     /// Routable experts, one flag per expert present (a MoE layer narrowed by the task).
@@ -44,6 +50,18 @@ impl PartialEq for PackedDown {
 }
 
 impl PackedDown {
+    /// The live rows of `lin` (`live` ascending), if its dtype packs them.
+    fn rows_of(lin: &Linear, live: &[u32]) -> Option<PackedDown> {
+        let shape = [lin.out_dim() as u64, lin.in_dim() as u64];
+        let bytes = crate::quant::gather_rows(lin.m.dtype, &shape, lin.bytes(), live)?;
+        let m = Matrix::new(lin.m.dtype, &[live.len() as u64, shape[1]], &bytes).ok()?;
+        let bias = lin
+            .bias
+            .as_ref()
+            .map(|b| live.iter().map(|&j| b[j as usize]).collect());
+        Some(PackedDown(Arc::new(OwnedWeight { m, bytes, bias })))
+    }
+
     /// The live columns of `down` (`live` ascending), if the dtype packs exactly.
     fn of(down: &Linear, live: &[u32]) -> Option<PackedDown> {
         let shape = [down.out_dim() as u64, down.in_dim() as u64];
@@ -115,6 +133,8 @@ impl TaskMask {
                     dense_total += width;
                     if (live.len() as u64) < width {
                         m.down = PackedDown::of(&mlp.down, &live);
+                        m.gate_up = PackedDown::rows_of(&mlp.gate, &live)
+                            .zip(PackedDown::rows_of(&mlp.up, &live));
                         m.ffn = Some(live);
                     }
                 }
@@ -179,12 +199,15 @@ impl TaskMask {
         })
     }
 
-    /// Bytes of the packed `down_proj` columns this task holds (the only weights a task
-    /// adds; see [`LayerMask::down`]).
+    /// Bytes of the packed live neurons this task holds (the only weights a task adds;
+    /// see [`LayerMask::down`] and [`LayerMask::gate_up`]).
     pub fn packed_bytes(&self) -> usize {
         self.layers
             .iter()
-            .filter_map(|l| l.down.as_ref())
+            .flat_map(|l| {
+                let gu = l.gate_up.as_ref().map(|(g, u)| [g, u]);
+                l.down.iter().chain(gu.into_iter().flatten())
+            })
             .map(|d| d.0.bytes.len())
             .sum()
     }
@@ -269,6 +292,7 @@ impl LayerSel<'_> {
             m.ffn.as_deref().map(|live| FfnSel {
                 live,
                 down: m.down.as_ref().map(|d| &*d.0),
+                gate_up: m.gate_up.as_ref().map(|(g, u)| (&*g.0, &*u.0)),
             })
         })
     }
@@ -285,6 +309,7 @@ impl LayerSel<'_> {
 pub struct FfnSel<'a> {
     pub live: &'a [u32],
     pub down: Option<&'a OwnedWeight>,
+    pub gate_up: Option<(&'a OwnedWeight, &'a OwnedWeight)>,
 }
 
 /// `softmax(−E/T)`: a soft mix's weights from routing errors `e` at temperature `temp`.

@@ -577,3 +577,44 @@ pub fn gather_columns(dtype: DType, shape: &[u64], bytes: &[u8], cols: &[u32]) -
     }
     Some(out)
 }
+
+/// The payload of the `[rows.len(), cols]` matrix made of rows `rows` (ascending) of a
+/// `[rows, cols]` matrix, in the same dtype, when its rows are self-contained: element
+/// and row-scale layouts (`f32`, `f16`, `bf16`, `q8_row`, `q8_2f` with its whole column
+/// field) and the 4-bit groups of `q4_block` / `q4_tiled` when `cols % 32 == 0` (a row is
+/// whole groups). `None` otherwise. A task mask packs the live rows of gate/up this way.
+pub fn gather_rows(dtype: DType, shape: &[u64], bytes: &[u8], rows: &[u32]) -> Option<Vec<u8>> {
+    let g = geometry(dtype, shape).ok()?;
+    validate(dtype, shape, bytes).ok()?;
+    if rows.iter().any(|&r| r as usize >= g.rows) || shape.len() != 2 {
+        return None;
+    }
+    let copy_rows = |out: &mut Vec<u8>, area: &[u8], row_bytes: usize| {
+        for &r in rows {
+            let r = r as usize;
+            out.extend_from_slice(&area[r * row_bytes..(r + 1) * row_bytes]);
+        }
+    };
+    let mut out = Vec::new();
+    match dtype {
+        DType::F32 => copy_rows(&mut out, bytes, 4 * g.cols),
+        DType::F16 | DType::Bf16 => copy_rows(&mut out, bytes, 2 * g.cols),
+        DType::Q8Row | DType::Q8_2f => {
+            let l = q8::Q8Layout::new(g);
+            copy_rows(&mut out, &bytes[..l.scales], g.cols);
+            copy_rows(&mut out, &bytes[l.scales..l.scales + 2 * g.rows], 2);
+            if dtype == DType::Q8_2f {
+                out.extend_from_slice(&bytes[l.col_field..l.col_field + 2 * g.cols]);
+            }
+        }
+        DType::Q4Tiled if g.cols % 32 == 0 => copy_rows(&mut out, bytes, g.cols / 32 * 18),
+        DType::Q4Block if g.cols % 32 == 0 => {
+            let groups = g.numel / 32;
+            let gpr = g.cols / 32;
+            copy_rows(&mut out, &bytes[..groups * 16], gpr * 16);
+            copy_rows(&mut out, &bytes[groups * 16..groups * 18], gpr * 2);
+        }
+        _ => return None,
+    }
+    Some(out)
+}
