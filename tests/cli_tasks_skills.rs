@@ -6,7 +6,7 @@
 mod common;
 use common::{code, json};
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use cortiq_engine::format::CmfFile;
 use cortiq_engine::tinymodel::{write_tiny, TinyFf, TinyLayer, TinyMixer, TinySpec};
@@ -163,23 +163,31 @@ fn mask_calibrate_measures_quality_and_the_task_runs() {
     let heldout = dir.path().join("h.txt");
     std::fs::write(&heldout, "while True: break\nclass A: pass\n").unwrap();
     let out = dir.path().join("code.cmf");
-    let o = run!(
-        "mask",
-        "calibrate",
-        base,
-        "--task",
+    // `mask calibrate SRC --task NAME --prompts P --keep K -o OUT` and more arguments.
+    let calibrate = |src: &Path, name: &str, keep: &str, out: &Path, more: &[&std::ffi::OsStr]| {
+        assert_cmd::cargo::cargo_bin_cmd!("cortiq")
+            .args(["mask".as_ref(), "calibrate".as_ref(), src.as_os_str()])
+            .args(["--task", name, "--keep", keep])
+            .arg("--prompts")
+            .arg(&prompts)
+            .arg("-o")
+            .arg(out)
+            .args(more)
+            .output()
+            .expect("cortiq runs")
+    };
+    let o = calibrate(
+        &base,
         "code",
-        "--prompts",
-        prompts,
-        "--keep",
         "0.5",
-        "--heads",
-        "0.67",
-        "--heldout",
-        heldout,
-        "-o",
-        out,
-        "--json"
+        &out,
+        &[
+            std::ffi::OsStr::new("--heads"),
+            std::ffi::OsStr::new("0.67"),
+            std::ffi::OsStr::new("--heldout"),
+            std::ffi::OsStr::new(&heldout),
+            std::ffi::OsStr::new("--json"),
+        ],
     );
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let v = json(&o);
@@ -232,33 +240,14 @@ fn mask_calibrate_measures_quality_and_the_task_runs() {
 
     // Without --heldout the quality is null; the same name again is refused.
     let out2 = dir.path().join("code2.cmf");
-    let o = run!(
-        "mask",
-        "calibrate",
-        out,
-        "--task",
-        "code",
-        "--prompts",
-        prompts,
-        "--keep",
-        "0.3",
-        "-o",
-        out2
-    );
+    let o = calibrate(&out, "code", "0.3", &out2, &[]);
     assert_eq!(code(&o), 2, "the name exists: {}", stderr(&o));
-    let o = run!(
-        "mask",
-        "calibrate",
-        out,
-        "--task",
+    let o = calibrate(
+        &out,
         "lean",
-        "--prompts",
-        prompts,
-        "--keep",
         "0.3",
-        "-o",
-        out2,
-        "--json"
+        &out2,
+        &[std::ffi::OsStr::new("--json")],
     );
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert!(json(&o)["quality"].is_null());
@@ -276,32 +265,8 @@ fn mask_calibrate_measures_quality_and_the_task_runs() {
     );
     assert!(stderr(&o).contains("not measured"), "{}", stderr(&o));
     // Bad fractions, and the input as the output.
-    let o = run!(
-        "mask",
-        "calibrate",
-        out,
-        "--task",
-        "x",
-        "--prompts",
-        prompts,
-        "--keep",
-        "1.5",
-        "-o",
-        out2
-    );
+    let o = calibrate(&out, "x", "1.5", &out2, &[]);
     assert_eq!(code(&o), 2);
-    let o = run!(
-        "mask",
-        "calibrate",
-        out,
-        "--task",
-        "x",
-        "--prompts",
-        prompts,
-        "--keep",
-        "0.5",
-        "-o",
-        out
-    );
+    let o = calibrate(&out, "x", "0.5", &out, &[]);
     assert_eq!(code(&o), 2);
 }

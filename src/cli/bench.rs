@@ -19,13 +19,13 @@ use std::time::Instant;
 
 use cortiq_engine::model::select::Active;
 use cortiq_engine::model::Model;
-use cortiq_engine::runtime::choice::{resolve, Request, SkillRequest};
+use cortiq_engine::runtime::choice::resolve;
 use cortiq_engine::runtime::sampler::{argmax, SamplingParams};
 use cortiq_engine::runtime::session::{label_of, GenerateParams, Session, Step, SwitchPolicy};
 use serde_json::json;
 
 use super::common::{emit, print_json, CliError, CmdResult, Status};
-use super::engine::{model_error, ModelArgs};
+use super::engine::{model_error, ChoiceArgs, ModelArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -47,13 +47,8 @@ pub struct Args {
     /// `run --route-stats` do), to see what it costs.
     #[arg(long)]
     pub routes: bool,
-    /// Decode under this task mask too, interleaved with the backbone: speeds, the FFN
-    /// blocks' own time per token both ways, and the time to switch.
-    #[arg(long, value_name = "NAME")]
-    pub task: Option<String>,
-    /// Decode with this skill too (as --task; a skill id, `auto` or `blend[:T]`).
-    #[arg(long, value_name = "ID|auto|blend[:T]")]
-    pub skill: Option<String>,
+    #[command(flatten)]
+    pub choice: ChoiceArgs,
     /// With --task/--skill: run only under the choice (its peak RSS alone).
     #[arg(long)]
     pub choice_only: bool,
@@ -139,16 +134,8 @@ pub fn run(a: &Args) -> CmdResult {
     if a.routes {
         session.log_routes();
     }
-    let chosen = if a.task.is_some() || a.skill.is_some() {
-        let req = Request {
-            task: a.task.clone(),
-            skill: match &a.skill {
-                Some(s) => {
-                    SkillRequest::parse(s).map_err(|e| CliError::usage(format!("--skill: {e}")))?
-                }
-                None => SkillRequest::None,
-            },
-        };
+    let chosen = if a.choice.is_set() {
+        let req = a.choice.request()?;
         Some(resolve(&model, &req, &prompt).map_err(err)?)
     } else if a.choice_only {
         return Err(CliError::usage("--choice-only needs --task or --skill"));

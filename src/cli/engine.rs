@@ -35,6 +35,40 @@ pub struct ModelArgs {
     pub precision: Option<String>,
 }
 
+/// `--task NAME --skill ID|none|auto|blend[:T]`: the choice a command runs under (`run`,
+/// `ppl`, `bench`), resolved by `runtime::choice::resolve`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ChoiceArgs {
+    /// Run under this task mask (§5; `cortiq masks FILE` lists them).
+    #[arg(long, value_name = "NAME")]
+    pub task: Option<String>,
+    /// Read a skill's tensors (§9): a skill id, `none`, `auto` (recon-argmin routing on the
+    /// prompt) or `blend[:T]` (the soft mix `Σ wᵢ·Tᵢ`, `wᵢ = softmax(−Eᵢ/T)`, T default
+    /// 0.5).
+    #[arg(long, value_name = "ID|none|auto|blend[:T]")]
+    pub skill: Option<String>,
+}
+
+impl ChoiceArgs {
+    pub fn request(&self) -> Result<cortiq_engine::runtime::choice::Request, CliError> {
+        use cortiq_engine::runtime::choice::{Request, SkillRequest};
+        Ok(Request {
+            task: self.task.clone(),
+            skill: match &self.skill {
+                Some(s) => {
+                    SkillRequest::parse(s).map_err(|e| CliError::usage(format!("--skill: {e}")))?
+                }
+                None => SkillRequest::None,
+            },
+        })
+    }
+
+    /// Whether a task or a skill was asked for.
+    pub fn is_set(&self) -> bool {
+        self.task.is_some() || self.skill.is_some()
+    }
+}
+
 /// `key=value` with the value read as JSON when it is valid JSON (`false`, `8`, `"x"`).
 pub fn parse_var(s: &str, flag: &str) -> Result<(String, Value), CliError> {
     let (k, v) = s
@@ -165,6 +199,32 @@ impl ModelArgs {
 
     /// The window of a perplexity (`ppl`, a skill's quality): `--ctx`, or the model's
     /// whole context, at least 2 tokens.
+    /// The file's chat bundle, which must have a tokenizer (`hint` ends the error, e.g.
+    /// "; pass --ids").
+    pub fn bundle(
+        &self,
+        model: &Model,
+        hint: &str,
+    ) -> Result<cortiq_engine::chat::ChatBundle, CliError> {
+        let bundle = cortiq_engine::chat::ChatBundle::from_model(&model.file)
+            .map_err(|e| CliError::usage(format!("{}: {e}", self.file.display())))?;
+        if bundle.tokenizer().is_none() {
+            return Err(CliError::usage(format!(
+                "{}: the file has no tokenizer{hint}",
+                self.file.display()
+            )));
+        }
+        Ok(bundle)
+    }
+
+    /// `text` tokenized with the file's tokenizer (`special`: as the tokenizer adds them).
+    pub fn encode(&self, model: &Model, text: &str, special: bool) -> Result<Vec<u32>, CliError> {
+        let bundle = self.bundle(model, "; pass --ids")?;
+        let tok = bundle.tokenizer().expect("bundle() checked the tokenizer");
+        tok.encode(text, special)
+            .map_err(|e| CliError::usage(format!("tokenizing: {e}")))
+    }
+
     pub fn nll_window(&self, model: &Model) -> usize {
         let max = model.config.max_positions;
         self.ctx.unwrap_or(max).min(max).max(2)

@@ -6,7 +6,6 @@
 
 use std::path::{Path, PathBuf};
 
-use cortiq_engine::chat::ChatBundle;
 use cortiq_engine::runtime::calibrate::{task_mask, write_with_mask, TaskSpec};
 use serde_json::{json, Value};
 
@@ -89,14 +88,8 @@ fn calibrate(a: &CalibrateArgs) -> CmdResult {
     refuse_overwriting_input(&inputs, &a.output)?;
     let file = open(&a.model.file)?;
     let model = a.model.load()?;
-    let bundle = ChatBundle::from_model(&model.file)
-        .map_err(|e| CliError::usage(format!("{}: {e}", a.model.file.display())))?;
-    let tok = bundle.tokenizer().ok_or_else(|| {
-        CliError::usage(format!(
-            "{}: the file has no tokenizer",
-            a.model.file.display()
-        ))
-    })?;
+    let bundle = a.model.bundle(&model, "")?;
+    let tok = bundle.tokenizer().expect("bundle() checked the tokenizer");
     let encode = |text: &str| {
         tok.encode(text, true)
             .map_err(|e| CliError::usage(format!("tokenizing: {e}")))

@@ -4,13 +4,12 @@
 
 use std::path::PathBuf;
 
-use cortiq_engine::chat::ChatBundle;
 use cortiq_engine::runtime::calibrate::text_nll;
-use cortiq_engine::runtime::choice::{resolve, Request, SkillRequest};
+use cortiq_engine::runtime::choice::resolve;
 use serde_json::json;
 
 use super::common::{emit, print_json, CliError, CmdResult, Status};
-use super::engine::{model_error, parse_ids, ModelArgs};
+use super::engine::{model_error, parse_ids, ChoiceArgs, ModelArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -28,13 +27,8 @@ pub struct Args {
     /// Token ids to score, comma-separated.
     #[arg(long, value_name = "1,2,3")]
     pub ids: Option<String>,
-    /// Score under this task mask (§5).
-    #[arg(long, value_name = "NAME")]
-    pub task: Option<String>,
-    /// Score with this skill's tensors (§9): an id, `none`, `auto` or `blend[:T]` (routed
-    /// on the scored text itself).
-    #[arg(long, value_name = "ID|none|auto|blend[:T]")]
-    pub skill: Option<String>,
+    #[command(flatten)]
+    pub choice: ChoiceArgs,
     #[arg(long)]
     pub json: bool,
 }
@@ -46,16 +40,7 @@ pub fn run(a: &Args) -> CmdResult {
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| CliError::usage(format!("--text-file {}: {e}", path.display())))?;
-            let bundle = ChatBundle::from_model(&model.file)
-                .map_err(|e| CliError::usage(format!("{}: {e}", a.model.file.display())))?;
-            let tok = bundle.tokenizer().ok_or_else(|| {
-                CliError::usage(format!(
-                    "{}: the file has no tokenizer; pass --ids",
-                    a.model.file.display()
-                ))
-            })?;
-            tok.encode(&text, true)
-                .map_err(|e| CliError::usage(format!("tokenizing {}: {e}", path.display())))?
+            a.model.encode(&model, &text, true)?
         }
         (None, None) => return Err(CliError::usage("give --text-file or --ids")),
     };
@@ -64,23 +49,9 @@ pub fn run(a: &Args) -> CmdResult {
             "perplexity needs at least 2 tokens (the first is only context)",
         ));
     }
-    let c = &model.config;
-    let window = a
-        .model
-        .ctx
-        .unwrap_or(c.max_positions)
-        .min(c.max_positions)
-        .max(2);
+    let window = a.model.nll_window(&model);
     let err = |e| model_error(&a.model.file, &e);
-    let req = Request {
-        task: a.task.clone(),
-        skill: match &a.skill {
-            Some(s) => {
-                SkillRequest::parse(s).map_err(|e| CliError::usage(format!("--skill: {e}")))?
-            }
-            None => SkillRequest::None,
-        },
-    };
+    let req = a.choice.request()?;
     let chosen = resolve(&model, &req, &ids).map_err(err)?;
     for w in &chosen.warnings {
         eprintln!("cortiq: warning: {w}");

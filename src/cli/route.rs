@@ -3,7 +3,6 @@
 //! skill `--skill auto` would choose (the least E). Also the soft-mix weights
 //! `softmax(−E/T)` at `--temperature`.
 
-use cortiq_engine::chat::ChatBundle;
 use cortiq_engine::runtime::skill_route::route;
 use serde_json::json;
 
@@ -39,18 +38,7 @@ pub fn run(a: &Args) -> CmdResult {
     let model = a.model.load()?;
     let ids = match (&a.ids, &a.prompt) {
         (Some(s), _) => parse_ids(s)?,
-        (None, Some(p)) => {
-            let bundle = ChatBundle::from_model(&model.file)
-                .map_err(|e| CliError::usage(format!("{}: {e}", a.model.file.display())))?;
-            let tok = bundle.tokenizer().ok_or_else(|| {
-                CliError::usage(format!(
-                    "{}: the file has no tokenizer; pass --ids",
-                    a.model.file.display()
-                ))
-            })?;
-            tok.encode(p, false)
-                .map_err(|e| CliError::usage(format!("tokenizing the prompt: {e}")))?
-        }
+        (None, Some(p)) => a.model.encode(&model, p, false)?,
         (None, None) => return Err(CliError::usage("give --prompt or --ids")),
     };
     if ids.is_empty() {

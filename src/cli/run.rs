@@ -20,7 +20,7 @@ use cortiq_engine::runtime::session::{
 use serde_json::{json, Map, Value};
 
 use super::common::{emit, esc, esc_path, print_json, CliError, CmdResult, Status};
-use super::engine::{model_error, parse_ids, parse_var, ModelArgs};
+use super::engine::{model_error, parse_ids, parse_var, ChoiceArgs, ModelArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -81,15 +81,8 @@ pub struct Args {
     /// `moe-defrag` read it). Written at the end, atomically.
     #[arg(long, value_name = "FILE.json")]
     pub route_stats: Option<std::path::PathBuf>,
-    /// Run under this task mask (§5; `cortiq masks FILE` lists them). In the chat,
-    /// `/task NAME` switches.
-    #[arg(long, value_name = "NAME")]
-    pub task: Option<String>,
-    /// Read a skill's tensors (§9): a skill id, `none`, `auto` (recon-argmin routing on
-    /// the prompt, or on each new message in the chat) or `blend[:T]` (a soft mix
-    /// `Σ wᵢ·Tᵢ`, `wᵢ = softmax(−Eᵢ/T)`, T default 0.5). In the chat, `/skill` switches.
-    #[arg(long, value_name = "ID|none|auto|blend[:T]")]
-    pub skill: Option<String>,
+    #[command(flatten)]
+    pub choice: ChoiceArgs,
     /// What a switch in the chat does to the conversation already cached: `reprefill`
     /// (computes it again under the new choice: exact) or `keep` (keeps it: fast, but
     /// approximate, since it was computed under the old choice).
@@ -110,14 +103,7 @@ struct Choosing {
 impl Choosing {
     fn from_args(a: &Args) -> Result<Choosing, CliError> {
         Ok(Choosing {
-            req: Request {
-                task: a.task.clone(),
-                skill: match &a.skill {
-                    Some(s) => SkillRequest::parse(s)
-                        .map_err(|e| CliError::usage(format!("--skill: {e}")))?,
-                    None => SkillRequest::None,
-                },
-            },
+            req: a.choice.request()?,
             policy: parse_policy(&a.switch).map_err(CliError::usage)?,
             warned: Default::default(),
         })

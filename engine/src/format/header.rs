@@ -200,8 +200,8 @@ pub struct Selection {
 }
 
 impl Selection {
-    /// The f16 values of a base64 field (`mean`, `basis`), as f32.
-    pub fn decode_f16(b64: &str) -> Result<Vec<f32>, String> {
+    /// The little-endian f16 bytes of a base64 field (`mean`, `basis`); padding optional.
+    fn f16_bytes(b64: &str) -> Result<Vec<u8>, String> {
         use base64::Engine as _;
         let bytes = base64::engine::general_purpose::STANDARD_PAD_INDIFFERENT
             .decode(b64.trim())
@@ -212,25 +212,20 @@ impl Selection {
                 bytes.len()
             ));
         }
-        Ok(bytes
+        Ok(bytes)
+    }
+
+    /// The f16 values of a base64 field, as f32.
+    pub fn decode_f16(b64: &str) -> Result<Vec<f32>, String> {
+        Ok(Self::f16_bytes(b64)?
             .chunks_exact(2)
             .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
             .collect())
     }
 
-    /// Number of f16 values a base64 field (`mean`, `basis`) holds; padding optional.
+    /// Number of f16 values a base64 field holds.
     pub fn f16_count(b64: &str) -> Result<u64, String> {
-        use base64::Engine as _;
-        let bytes = base64::engine::general_purpose::STANDARD_PAD_INDIFFERENT
-            .decode(b64.trim())
-            .map_err(|e| format!("invalid base64: {e}"))?;
-        if bytes.len() % 2 != 0 {
-            return Err(format!(
-                "{} bytes, not a whole number of f16 values",
-                bytes.len()
-            ));
-        }
-        Ok(bytes.len() as u64 / 2)
+        Ok(Self::f16_bytes(b64)?.len() as u64 / 2)
     }
 }
 

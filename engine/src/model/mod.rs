@@ -96,6 +96,9 @@ pub struct Model {
     pub mtp: Option<mtp::MtpHead>,
     /// The skills of the registry, in its order (§9).
     pub skills: Vec<SkillInfo>,
+    /// Task masks resolved so far, by name ([`Model::task`]): resolving packs the live
+    /// neurons, which a chat choosing per message must not redo each turn.
+    tasks: std::sync::Mutex<std::collections::HashMap<String, Arc<select::TaskMask>>>,
 }
 
 /// What the engine made of one skill of the registry.
@@ -304,6 +307,7 @@ impl Model {
             file,
             config: c,
             skills: Vec::new(),
+            tasks: Default::default(),
         };
         model.skills = model.attach_skills();
         Ok(model)
@@ -405,6 +409,18 @@ impl Model {
             v.extend(l.linears_mut());
         }
         v
+    }
+
+    /// The task mask `name` of the model's file, resolved once and then shared (its packed
+    /// neurons stay for the model's lifetime).
+    pub fn task(&self, name: &str) -> Result<Arc<select::TaskMask>, ModelError> {
+        let mut cache = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = cache.get(name) {
+            return Ok(t.clone());
+        }
+        let t = Arc::new(select::TaskMask::by_name(self, name)?);
+        cache.insert(name.to_string(), t.clone());
+        Ok(t)
     }
 
     /// The registry index of skill `id`.

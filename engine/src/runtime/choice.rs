@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::skill_route::{self, Routing};
-use crate::model::select::{build_blend, Active, SkillChoice, TaskMask};
+use crate::model::select::{build_blend, Active, SkillChoice};
 use crate::model::{Model, ModelError};
 
 /// The skill part of a request.
@@ -152,13 +152,13 @@ pub fn resolve(model: &Model, req: &Request, prompt: &[u32]) -> Result<Resolved,
     let task = match &task_name {
         None => None,
         Some(name) => {
-            let t = TaskMask::by_name(model, name)?;
+            let t = model.task(name)?;
             if !t.measured {
                 warnings.push(format!(
                     "task {name}: its quality is not measured (quality: null in the file)"
                 ));
             }
-            Some(Arc::new(t))
+            Some(t)
         }
     };
     Ok(Resolved {
