@@ -4,6 +4,7 @@
 //! codes (DESIGN.md): 0 success, 1 the file is invalid or fails a check, 2 usage or I/O
 //! error. clap's own usage errors already exit 2.
 
+mod alloc_count;
 mod app;
 mod cli;
 
@@ -13,6 +14,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use cli::common::CmdResult;
+
+/// Counts allocations (`cortiq bench` reports those of its decode loop).
+#[global_allocator]
+static GLOBAL: alloc_count::Counting = alloc_count::Counting;
 
 /// Inspect, verify and run CMF v2 model files.
 #[derive(Parser, Debug)]

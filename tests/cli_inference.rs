@@ -254,6 +254,148 @@ fn bench_reports_the_design_keys() {
     }
 }
 
+/// `bench --json` on `file` (16-token prompt, 8 tokens, 2 repetitions, 1 thread) with
+/// `extra` flags and `env` set.
+fn bench_json(file: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> Value {
+    let mut cmd = assert_cmd::cargo::cargo_bin_cmd!("cortiq");
+    cmd.args(["bench".as_ref(), file.as_os_str()]);
+    cmd.args([
+        "--prompt-tokens",
+        "16",
+        "--tokens",
+        "8",
+        "--repeat",
+        "2",
+        "--threads",
+        "1",
+        "--json",
+    ]);
+    cmd.args(extra);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let o = cmd.output().expect("cortiq runs");
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    json(&o)
+}
+
+/// The bytes one decoded token reads, from the tensor directory alone: every 2-D matrix
+/// (MTP and skill tensors aside), a MoE layer's routed experts × top-k / experts, one row
+/// of the embedding, and the embedding whole once more when it is also the LM head.
+fn bytes_per_token_from_directory(file: &std::path::Path) -> u64 {
+    let tensors = json(&run!("tensors", file, "--json"));
+    let arch = json(&run!("info", file, "--json"))["header"]["arch"].clone();
+    let top_k = arch["moe"]["top_k"].as_u64();
+    let has_head = tensors
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["name"] == "lm_head.weight");
+    let mut total = 0u64;
+    let mut experts: std::collections::BTreeMap<String, (u64, std::collections::BTreeSet<String>)> =
+        Default::default();
+    for t in tensors.as_array().unwrap() {
+        let name = t["name"].as_str().unwrap();
+        let nbytes = t["nbytes"].as_u64().unwrap();
+        let shape = t["shape"].as_array().unwrap();
+        if shape.len() != 2 || name.starts_with("model.mtp") || name.starts_with("skill.") {
+            continue;
+        }
+        if name == "model.embed_tokens.weight" {
+            total += nbytes / shape[0].as_u64().unwrap();
+            if !has_head {
+                total += nbytes;
+            }
+        } else if let Some((layer, rest)) = name.split_once(".mlp.experts.") {
+            let e = experts.entry(layer.to_string()).or_default();
+            e.0 += nbytes;
+            e.1.insert(rest.split('.').next().unwrap().to_string());
+        } else {
+            total += nbytes;
+        }
+    }
+    for (bytes, ids) in experts.values() {
+        total += bytes * top_k.expect("experts without arch.moe") / ids.len() as u64;
+    }
+    total
+}
+
+/// The fields issue 11's benchmark reads: the SIMD level and precision the run used,
+/// the weight bytes per token (checked against the tensor directory: dense, MoE with
+/// top-k, a tied head), and no heap allocation in the decode loop.
+#[test]
+fn bench_reports_kernel_precision_bytes_and_allocations() {
+    for stem in ["qwen3-q8", "qwen3_moe-q8", "gemma3-q8", "qwen3_5-q8"] {
+        let file = common::shared(&format!("fixtures/cmf/{stem}.cmf"));
+        let j = bench_json(&file, &[], &[]);
+        assert!(
+            ["scalar", "avx2", "avx512"].contains(&j["kernel"].as_str().unwrap_or("?")),
+            "{stem}: {j}"
+        );
+        let want = bytes_per_token_from_directory(&file);
+        assert_eq!(j["weight_bytes_per_token"].as_u64(), Some(want), "{stem}");
+        assert!(want < j["model_bytes"].as_u64().unwrap(), "{stem}");
+        assert_eq!(j["allocs_per_token"].as_f64(), Some(0.0), "{stem}: {j}");
+        assert_eq!(j["decode_allocs"].as_u64(), Some(0), "{stem}");
+        // The default precision is one `--precision` accepts, and reports itself.
+        let default = j["precision"].as_str().expect("a precision").to_string();
+        let again = bench_json(&file, &["--precision", &default], &[]);
+        assert_eq!(again["precision"], default.as_str(), "{stem}");
+    }
+    let file = model();
+    for p in ["exact", "fast"] {
+        let j = bench_json(&file, &["--precision", p], &[]);
+        assert_eq!(j["precision"], p);
+        assert_eq!(j["allocs_per_token"].as_f64(), Some(0.0), "{p}: {j}");
+    }
+    // The smallest run fits its warm-up in its context (1 + 1 positions).
+    let o = run!(
+        "bench",
+        &file,
+        "--prompt-tokens",
+        "1",
+        "--tokens",
+        "1",
+        "--repeat",
+        "1",
+        "--json"
+    );
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    // A forced SIMD level is the one reported (scalar runs on every CPU).
+    let j = bench_json(
+        &file,
+        &[],
+        &[("CORTIQ_SIMD", "scalar"), ("CORTIQ_KERNEL", "scalar")],
+    );
+    assert_eq!(j["kernel"], "scalar", "{j}");
+    assert_eq!(j["allocs_per_token"].as_f64(), Some(0.0), "{j}");
+}
+
+/// `bench --bandwidth`: no model needed, both figures positive; `bench` without a file
+/// and without --bandwidth is a usage error.
+#[test]
+fn bench_bandwidth_measures_without_a_model() {
+    let o = run!(
+        "bench",
+        "--bandwidth",
+        "--bandwidth-mib",
+        "64",
+        "--threads",
+        "2",
+        "--json"
+    );
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let j = json(&o);
+    for k in ["read_bandwidth_bytes_s", "l3_bandwidth_bytes_s"] {
+        assert!(j[k].as_f64().is_some_and(|v| v > 0.0), "{k}: {j}");
+    }
+    assert_eq!(j["threads"], 2);
+    assert_eq!(j["buffer_bytes"].as_u64(), Some(64 << 20));
+    let o = run!("bench", "--json");
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("--bandwidth"), "{}", stderr(&o));
+}
+
 #[test]
 fn bad_input_gets_a_clear_error_and_exit_code() {
     // Unparseable ids, an id outside the vocabulary: usage errors.

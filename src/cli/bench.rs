@@ -14,11 +14,22 @@
 //! (what a sparse mask saves), and the time to switch between tokens (keeping the
 //! cache, and re-prefilling the context). `--choice-only` runs only the choice, for its
 //! peak RSS alone.
+//!
+//! The JSON also says what the run measured: the SIMD `kernel` the products dispatch to
+//! (`CORTIQ_SIMD`/`CORTIQ_KERNEL` lower it), the `precision` of the activations, the
+//! `weight_bytes_per_token` one decoded token reads ([`Model::weight_bytes_per_token`]:
+//! × `decode_tok_s` it is the effective bandwidth), and `allocs_per_token`, the heap
+//! allocations of the whole process (every thread, counted by the binary's global
+//! allocator) during the measured decode loops, over the tokens they decoded.
+//!
+//! `--bandwidth` measures the machine's read bandwidth instead, with `--threads` threads
+//! (see [`super::bandwidth`]); FILE is not needed then.
 
 use std::time::Instant;
 
 use cortiq_engine::model::select::Active;
 use cortiq_engine::model::Model;
+use cortiq_engine::quant::matrix::Kernel;
 use cortiq_engine::runtime::choice::resolve;
 use cortiq_engine::runtime::sampler::{argmax, SamplingParams};
 use cortiq_engine::runtime::session::{label_of, GenerateParams, Session, Step, SwitchPolicy};
@@ -28,6 +39,12 @@ use super::common::{emit, print_json, CliError, CmdResult, Status};
 use super::engine::{model_error, ChoiceArgs, ModelArgs};
 
 #[derive(clap::Args, Debug)]
+// FILE (ModelArgs') may be left out with --bandwidth: "-" stands for "none given".
+#[command(mut_arg("file", |a| a
+    .required(false)
+    .default_value("-")
+    .hide_default_value(true)
+    .help("Model file (or one shard of a set); not needed with --bandwidth")))]
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
@@ -52,6 +69,13 @@ pub struct Args {
     /// With --task/--skill: run only under the choice (its peak RSS alone).
     #[arg(long)]
     pub choice_only: bool,
+    /// Measure the machine's read bandwidth (DRAM and L3) with --threads threads instead
+    /// of a model: `{"read_bandwidth_bytes_s", "l3_bandwidth_bytes_s"}` with --json.
+    #[arg(long)]
+    pub bandwidth: bool,
+    /// With --bandwidth: the DRAM buffer's size, well above the last-level cache's.
+    #[arg(long, default_value_t = 1024, value_name = "MiB")]
+    pub bandwidth_mib: usize,
     #[arg(long)]
     pub json: bool,
 }
@@ -96,7 +120,51 @@ fn ffn_time(model: &Model, active: Option<&Active>) -> f64 {
     times[times.len() / 2]
 }
 
+/// `--bandwidth`: the machine's read bandwidth from DRAM and from L3.
+fn bandwidth(a: &Args) -> CmdResult {
+    use super::bandwidth::{read_bandwidth, simd};
+    let threads = match a.model.threads {
+        Some(0) => return Err(CliError::usage("--threads must be at least 1")),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    if a.bandwidth_mib == 0 {
+        return Err(CliError::usage("--bandwidth-mib must be at least 1"));
+    }
+    let dram_bytes = a.bandwidth_mib << 20;
+    let l3_bytes = 8usize << 20;
+    let dram = read_bandwidth(dram_bytes, threads, 1, 7);
+    let l3 = read_bandwidth(l3_bytes, threads, 32, 15);
+    if a.json {
+        print_json(&json!({
+            "read_bandwidth_bytes_s": dram,
+            "l3_bandwidth_bytes_s": l3,
+            "threads": threads,
+            "buffer_bytes": dram_bytes,
+            "l3_buffer_bytes": l3_bytes,
+            "loads": simd(),
+        }))?;
+    } else {
+        emit(&format!(
+            "read bandwidth, {threads} threads ({} loads): DRAM {:.1} GB/s ({} MiB buffer), \
+             L3 {:.1} GB/s ({} MiB)\n",
+            simd(),
+            dram / 1e9,
+            a.bandwidth_mib,
+            l3 / 1e9,
+            l3_bytes >> 20,
+        ))?;
+    }
+    Ok(Status::Success)
+}
+
 pub fn run(a: &Args) -> CmdResult {
+    if a.bandwidth {
+        return bandwidth(a);
+    }
+    if a.model.file.as_os_str() == "-" {
+        return Err(CliError::usage("bench needs a model FILE (or --bandwidth)"));
+    }
     if a.prompt_tokens == 0 || a.tokens == 0 || a.repeat == 0 {
         return Err(CliError::usage(
             "--prompt-tokens, --tokens and --repeat must be at least 1",
@@ -157,12 +225,20 @@ pub fn run(a: &Args) -> CmdResult {
         session = choice_session.take().expect("a choice was given");
     }
 
-    // Warm-up: page the weights in and size every buffer.
-    session
-        .prefill(&prompt[..prompt.len().min(8)])
-        .map_err(err)?;
+    // Warm-up: page the weights in and size every buffer (a few decoded tokens too:
+    // the per-thread scratch of the token path), within the session's capacity.
+    let warm = prompt.len().min(8);
+    session.prefill(&prompt[..warm]).map_err(err)?;
+    cortiq_engine::exec::pool().install(|| -> Result<(), CliError> {
+        for _ in 0..3.min(need - warm) {
+            let next = argmax(session.logits()) as u32;
+            session.step(next).map_err(err)?;
+        }
+        Ok(())
+    })?;
 
     let (mut prefill, mut decode, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
+    let mut decode_allocs = 0u64;
     let (mut plain_gen, mut mtp_gen) = (Vec::new(), Vec::new());
     let (mut drafted, mut accepted) = (0usize, 0usize);
     let (mut choice_decode, mut ffn_plain, mut ffn_masked) = (Vec::new(), Vec::new(), Vec::new());
@@ -202,12 +278,15 @@ pub fn run(a: &Args) -> CmdResult {
             let p = t0.elapsed().as_secs_f64();
             prefill.push(prompt.len() as f64 / p);
             ttft.push(p);
+            let allocs = crate::alloc_count::allocations();
             let t1 = Instant::now();
             for _ in 0..a.tokens {
                 session.step(next).map_err(err)?;
                 next = argmax(session.logits()) as u32;
             }
-            decode.push(a.tokens as f64 / t1.elapsed().as_secs_f64());
+            let rate = a.tokens as f64 / t1.elapsed().as_secs_f64();
+            decode_allocs += crate::alloc_count::allocations() - allocs;
+            decode.push(rate);
             if let Some(cs) = choice_session.as_mut() {
                 cs.reset();
                 cs.prefill(&prompt).map_err(err)?;
@@ -289,6 +368,11 @@ pub fn run(a: &Args) -> CmdResult {
     };
     let (pf, dc, tt) = (median(prefill), median(decode), median(ttft));
     let rss = peak_rss_bytes();
+    let kernel = format!("{:?}", Kernel::detect()).to_lowercase();
+    // As `--precision` spells it (the variants' names, lowercased).
+    let precision = format!("{:?}", model.precision()).to_lowercase();
+    let weight_bytes = model.weight_bytes_per_token();
+    let allocs_per_token = decode_allocs as f64 / (a.tokens * a.repeat) as f64;
     if a.json {
         print_json(&json!({
             "file": a.model.file.display().to_string(),
@@ -309,6 +393,12 @@ pub fn run(a: &Args) -> CmdResult {
             "recurrent_state_bytes": recurrent_bytes,
             "mtp": mtp,
             "choice": choice,
+            "kernel": kernel,
+            "precision": precision,
+            "weight_bytes_per_token": weight_bytes,
+            "effective_bandwidth_bytes_s": weight_bytes as f64 * dc,
+            "allocs_per_token": allocs_per_token,
+            "decode_allocs": decode_allocs,
         }))?;
     } else {
         emit(&format!(
@@ -322,6 +412,12 @@ pub fn run(a: &Args) -> CmdResult {
             tt * 1e3,
             load_s * 1e3,
             rss.map_or("?".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
+        ))?;
+        emit(&format!(
+            "  kernel {kernel}, precision {precision}; {:.1} MiB of weights per token \
+             ({:.1} GB/s at that decode speed); {allocs_per_token:.2} allocations per token\n",
+            weight_bytes as f64 / 1048576.0,
+            weight_bytes as f64 * dc / 1e9,
         ))?;
         emit(&format!(
             "  state at {need} positions: KV {:.1} KiB, recurrent {:.1} KiB\n",

@@ -1,6 +1,7 @@
 //! One module per subcommand. Each has an `Args` struct (clap derive) and
 //! `pub fn run(args: &Args) -> CmdResult`; shared plumbing lives in [`common`].
 
+pub mod bandwidth;
 pub mod bench;
 pub mod common;
 pub mod compact;

@@ -487,6 +487,38 @@ impl Model {
         w
     }
 
+    /// Bytes of weights one decoded token reads (plain decoding from the backbone, no
+    /// task mask, no skill): every matrix the layers multiply, the LM head (the embedding
+    /// matrix itself when tied) and one embedding row. Stored bytes, as the kernels stream
+    /// them from the mmap.
+    ///
+    /// Approximations: a MoE layer counts its router, its shared expert (and gate) and
+    /// `top_k` routed experts of the layer's mean expert size (the experts differ in size
+    /// only in a §11 defragmented file, and which ones a token picks is known only at run
+    /// time); an embedding row is the embedding's bytes over the vocabulary; the MTP head
+    /// (speculative decoding) is not counted.
+    pub fn weight_bytes_per_token(&self) -> u64 {
+        let bytes = |l: &Linear| l.bytes().len() as u64;
+        let vocab = self.config.vocab.max(1) as u64;
+        let mut total = bytes(&self.lm_head) + bytes(&self.embed) / vocab;
+        for layer in &self.layers {
+            let all: u64 = layer.linears().into_iter().map(bytes).sum();
+            total += match layer.moe() {
+                None => all,
+                Some(m) => {
+                    let experts: u64 = m
+                        .experts
+                        .iter()
+                        .map(|e| bytes(&e.gate) + bytes(&e.up) + bytes(&e.down))
+                        .sum();
+                    let n = m.experts.len().max(1) as u64;
+                    all - experts + experts * m.top_k as u64 / n
+                }
+            };
+        }
+        total
+    }
+
     /// Whether any layer is a mixture of experts.
     pub fn has_moe(&self) -> bool {
         self.layers.iter().any(|l| l.moe().is_some())
@@ -634,5 +666,47 @@ impl Model {
         if let Some(cap) = c.final_softcap {
             logits.iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::dtype::DType;
+    use crate::tinymodel::{write_tiny, TinySpec};
+
+    /// `weight_bytes_per_token` against the tensor directory, by name: every 2-D matrix,
+    /// the routed experts scaled by top-k / experts, one embedding row; norms, the conv
+    /// kernel and other vectors excluded.
+    #[test]
+    fn weight_bytes_per_token_counts_what_a_token_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.cmf");
+        let spec = TinySpec {
+            dtype: DType::Q8Row,
+            ..TinySpec::hybrid()
+        };
+        write_tiny(&path, &spec).unwrap();
+        let model = Model::load(Arc::new(CmfModel::open(&path).unwrap())).unwrap();
+        assert!(!model.tied && model.has_moe());
+        // Per MoE layer, its routed experts' bytes.
+        let mut routed = std::collections::BTreeMap::<String, u64>::new();
+        let mut want = 0u64;
+        for (_, e) in model.file.tensors() {
+            if e.shape.len() != 2 || e.name.starts_with("model.mtp") {
+                continue;
+            }
+            if e.name == "model.embed_tokens.weight" {
+                want += e.nbytes / model.config.vocab as u64;
+            } else if let Some((layer, _)) = e.name.split_once(".mlp.experts.") {
+                *routed.entry(layer.to_string()).or_default() += e.nbytes;
+            } else {
+                want += e.nbytes;
+            }
+        }
+        // TinySpec::hybrid: two MoE layers of 7 experts, top-3.
+        assert_eq!(routed.len(), 2);
+        want += routed.values().map(|b| b * 3 / 7).sum::<u64>();
+        assert_eq!(model.weight_bytes_per_token(), want);
     }
 }
