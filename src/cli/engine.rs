@@ -27,12 +27,13 @@ pub struct ModelArgs {
     /// Skip the hash check of the weights at load.
     #[arg(long)]
     pub no_verify: bool,
-    /// Activations of the weight products: `balanced` (the default: two int8 levels per
-    /// group of 32, the codes and their residual, into the integer kernels of q8/q4
-    /// weights; within DESIGN.md's contract for quantized activations), `exact` (f32:
-    /// DESIGN.md's parity path) or `fast` (one int8 level; the least work, but models
-    /// with strong activation outliers such as SmolLM2 drift: see README.md).
-    #[arg(long, value_name = "balanced|exact|fast")]
+    /// Activations of the weight products: `exact` (f32, the default: DESIGN.md's parity
+    /// path), `balanced` (two int8 levels per group of 32, the codes and their residual,
+    /// into the integer kernels of q8/q4 weights; within DESIGN.md's contract; faster
+    /// where converting weights to f32 is the limit: AVX2, 4-bit weights) or `fast` (one
+    /// int8 level; the least work, but models with strong activation outliers such as
+    /// SmolLM2 drift: see README.md).
+    #[arg(long, value_name = "exact|balanced|fast")]
     pub precision: Option<String>,
 }
 
@@ -161,7 +162,7 @@ impl ModelArgs {
             None => default,
             Some(name) => Precision::parse(name).ok_or_else(|| {
                 CliError::usage(format!(
-                    "--precision {name:?}: expected balanced, exact or fast"
+                    "--precision {name:?}: expected exact, balanced or fast"
                 ))
             })?,
         };
@@ -170,7 +171,7 @@ impl ModelArgs {
         Ok(Arc::new(model))
     }
 
-    /// [`ModelArgs::load_with`] the default precision ([`Precision::Balanced`]).
+    /// [`ModelArgs::load_with`] the default precision ([`Precision::Exact`]).
     pub fn load(&self) -> Result<Arc<Model>, CliError> {
         self.load_with(Precision::default())
     }

@@ -762,18 +762,23 @@ pub(crate) fn int_scalar<D: IntRowsScalar, const R: usize, const T: usize>(
 /// lengths match `d` (checked by [`run_int`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn int_avx_vnni_target<D: IntRowsSimd, const R: usize, const T: usize, const SPLIT: bool>(
+unsafe fn int_avx512_vnni_target<
+    D: IntRowsSimd,
+    const R: usize,
+    const T: usize,
+    const SPLIT: bool,
+>(
     d: &D,
     xs: &[QToken; T],
     out: &mut [[f32; T]; R],
 ) {
-    int_body::<D, R, T, true, SPLIT>(d, xs, out)
+    int_body512::<D, R, T, SPLIT>(d, xs, out)
 }
 
-/// See [`int_avx_vnni_target`].
+/// See [`int_avx512_vnni_target`].
 ///
 /// # Safety
-/// As [`int_avx_vnni_target`] without VNNI.
+/// As [`int_avx512_vnni_target`] without VNNI.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn int_avx2_target<D: IntRowsSimd, const R: usize, const T: usize, const SPLIT: bool>(
@@ -787,7 +792,7 @@ unsafe fn int_avx2_target<D: IntRowsSimd, const R: usize, const T: usize, const 
 /// Dispatch to the two target-feature instantiations.
 ///
 /// # Safety
-/// See [`int_avx_vnni_target`].
+/// See [`int_avx512_vnni_target`].
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn int_avx<
@@ -802,7 +807,7 @@ unsafe fn int_avx<
     out: &mut [[f32; T]; R],
 ) {
     if VNNI {
-        int_avx_vnni_target::<D, R, T, SPLIT>(d, xs, out)
+        int_avx512_vnni_target::<D, R, T, SPLIT>(d, xs, out)
     } else {
         int_avx2_target::<D, R, T, SPLIT>(d, xs, out)
     }
@@ -839,14 +844,7 @@ unsafe fn int_body<
         // A partial last group (`q8` only: `q4` rows are whole groups), outside the loop
         // so that its call does not force the accumulators out of registers.
         for (i, r) in raw.iter_mut().enumerate() {
-            let mut c = [0i8; STEP];
-            d.codes32(i, full, &mut c);
-            if D::OFFSET8 {
-                for v in &mut c {
-                    *v += 8;
-                }
-            }
-            *r = _mm256_loadu_si256(c.as_ptr() as *const __m256i);
+            *r = partial_codes(d, i, full);
         }
         int_step::<D, R, T, VNNI, SPLIT>(d, xs, full, &raw, &mut acc);
     }
@@ -954,4 +952,146 @@ unsafe fn int_dot<D: IntRowsSimd, const VNNI: bool>(
             _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1)),
         )
     }
+}
+
+/// The AVX-512 VNNI body: two groups per step in 16-lane registers (`vpdpbusd` on 512
+/// bits does the work of two 256-bit ones in one instruction, and so do the conversion
+/// and the multiply-adds that follow it), the odd last group and a partial one through
+/// [`int_step`]. Each (weight row, token) pair still sees the same operations whatever
+/// `R` and `T`, so prefill and decode agree bit for bit.
+///
+/// AVX-512 BW has no byte `sign`: the sign of the `q8` codes moves onto the activations
+/// with a masked subtraction (`0 − x` where the code is negative), the mask taken once per
+/// row and step.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the token lengths match `d` (checked by
+/// [`run_int`]).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn int_body512<D: IntRowsSimd, const R: usize, const T: usize, const SPLIT: bool>(
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+) {
+    let n = d.cols();
+    let full = n / STEP;
+    let pairs = full / 2;
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let mut u = [_mm512_setzero_si512(); R];
+    let mut neg = [0u64; R];
+    let mut ws = [_mm512_set1_ps(1.0); R];
+    // Lane `l` of a 16-lane scale vector takes group `l / 8` of the pair.
+    let spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    for pair in 0..pairs {
+        let blk = 2 * pair;
+        for i in 0..R {
+            let raw = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(d.load_u8(i, blk)),
+                d.load_u8(i, blk + 1),
+            );
+            if T == 1 {
+                d.prefetch_next(i, blk);
+                d.prefetch_next(i, blk + 1);
+            }
+            if D::OFFSET8 {
+                u[i] = raw;
+            } else {
+                u[i] = _mm512_abs_epi8(raw);
+                neg[i] = _mm512_movepi8_mask(raw);
+            }
+            if D::GROUP_SCALES {
+                // `insertf32x8` would need AVX-512 DQ; the 64-bit form is AVX-512 F.
+                let (s0, s1) = (d.group_scale_simd(i, blk), d.group_scale_simd(i, blk + 1));
+                ws[i] = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                    _mm512_castps_pd(_mm512_castps256_ps512(_mm256_set1_ps(s0))),
+                    _mm256_castps_pd(_mm256_set1_ps(s1)),
+                ));
+            }
+        }
+        for (j, x) in xs.iter().enumerate() {
+            // In bounds: `run_int` checked `q.len() = groups·32`, `d.len() = groups`,
+            // `c.len() = groups·8` (and the same for `q2`, `c2` when `SPLIT`), and
+            // `blk + 1 < groups`.
+            let xq = _mm512_loadu_si512(x.q.as_ptr().add(blk * STEP) as *const _);
+            let pair_d = _mm_castpd_ps(_mm_load_sd(x.d.as_ptr().add(blk) as *const f64));
+            let dj = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(pair_d));
+            let start = if D::OFFSET8 {
+                _mm512_loadu_si512(x.c.as_ptr().add(blk * LANES) as *const _)
+            } else {
+                _mm512_setzero_si512()
+            };
+            let (xq2, start2) = if SPLIT {
+                (
+                    _mm512_loadu_si512(x.q2.as_ptr().add(blk * STEP) as *const _),
+                    if D::OFFSET8 {
+                        _mm512_loadu_si512(x.c2.as_ptr().add(blk * LANES) as *const _)
+                    } else {
+                        _mm512_setzero_si512()
+                    },
+                )
+            } else {
+                (_mm512_setzero_si512(), _mm512_setzero_si512())
+            };
+            for i in 0..R {
+                let signed = |v: __m512i| {
+                    if D::OFFSET8 {
+                        v
+                    } else {
+                        _mm512_mask_sub_epi8(v, neg[i], _mm512_setzero_si512(), v)
+                    }
+                };
+                let mut dot = _mm512_dpbusd_epi32(start, u[i], signed(xq));
+                if SPLIT {
+                    // As in `int_step`: `256·Σc·q + Σc·q₂`, lanes below 2²⁴.
+                    let lo = _mm512_dpbusd_epi32(start2, u[i], signed(xq2));
+                    dot = _mm512_add_epi32(_mm512_slli_epi32::<{ SPLIT_SHIFT as u32 }>(dot), lo);
+                }
+                let mut f = _mm512_cvtepi32_ps(dot);
+                if D::GROUP_SCALES {
+                    f = _mm512_mul_ps(f, ws[i]);
+                }
+                acc[i][j] = _mm512_fmadd_ps(f, dj, acc[i][j]);
+            }
+        }
+    }
+    // The odd last whole group and a partial one, 8 lanes at a time.
+    let mut acc8 = [[_mm256_setzero_ps(); T]; R];
+    let mut raw8 = [_mm256_setzero_si256(); R];
+    if full % 2 == 1 {
+        for (i, r) in raw8.iter_mut().enumerate() {
+            *r = d.load_u8(i, full - 1);
+        }
+        int_step::<D, R, T, true, SPLIT>(d, xs, full - 1, &raw8, &mut acc8);
+    }
+    if full * STEP < n {
+        for (i, r) in raw8.iter_mut().enumerate() {
+            *r = partial_codes(d, i, full);
+        }
+        int_step::<D, R, T, true, SPLIT>(d, xs, full, &raw8, &mut acc8);
+    }
+    for (i, (o, (a, a8))) in out.iter_mut().zip(acc.iter().zip(&acc8)).enumerate() {
+        let p = d.int_post(i);
+        for (o, (a, a8)) in o.iter_mut().zip(a.iter().zip(a8)) {
+            *o = (_mm512_reduce_add_ps(*a) + hsum256(*a8)) * p;
+        }
+    }
+}
+
+/// The codes of the partial last group `blk` of row `i` as [`IntRowsSimd::load_u8`]
+/// would give them (`q8` only: `q4` rows are whole groups).
+///
+/// # Safety
+/// AVX2; `i < R`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn partial_codes<D: IntRowsSimd>(d: &D, i: usize, blk: usize) -> __m256i {
+    let mut c = [0i8; STEP];
+    d.codes32(i, blk, &mut c);
+    if D::OFFSET8 {
+        for v in &mut c {
+            *v += 8;
+        }
+    }
+    _mm256_loadu_si256(c.as_ptr() as *const __m256i)
 }

@@ -608,3 +608,12 @@ fn int_paths_fall_back_to_exact_without_an_integer_kernel() {
         }
     }
 }
+
+#[test]
+fn precision_names_round_trip() {
+    assert_eq!(Precision::default(), Precision::Exact);
+    for p in Precision::ALL {
+        assert_eq!(Precision::parse(p.name()), Some(p));
+    }
+    assert_eq!(Precision::parse("int4"), None);
+}

@@ -20,7 +20,7 @@
 //! Numerics: the exact path ([`Precision::Exact`]) computes `Σ w·x` in f32 with the
 //! weights exactly as [`super::decode`] yields them (a per-row `q8` scale is applied after
 //! the sum); only the summation order differs from a naive dot. [`Precision::Balanced`]
-//! (the default) and [`Precision::Fast`] ([`matvec_with`], [`matmul_with`]) quantize the
+//! and [`Precision::Fast`] ([`matvec_with`], [`matmul_with`]) quantize the
 //! activations per group of 32 to int8 — two levels, the codes and their residual, or
 //! one — and use integer dot products for the `q8` and `q4` dtypes. For one [`Kernel`]
 //! and precision, `matmul` gives bit for bit the values of `t` separate `matvec`s
@@ -153,10 +153,10 @@ impl Matrix {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Precision {
     /// f32 activations and the weights exactly as [`super::decode`] yields them: equal to
-    /// dequantize-then-f32-dot up to f32 rounding. The parity path.
+    /// dequantize-then-f32-dot up to f32 rounding. The parity path, and the default.
     #[default]
     Exact,
-    /// The default: activations quantized per group of 32 in two int8 levels, the codes
+    /// Activations quantized per group of 32 in two int8 levels, the codes
     /// and their rounding residual (`x ≈ d·(q + q₂/256)`, each element within about
     /// `absmax/65000` of its value: an outlier in the group no longer flattens the other
     /// elements), integer dot products on the stored weight bytes (AVX-512 VNNI, AVX2),
@@ -288,13 +288,21 @@ thread_local! {
 pub fn reserve_thread_buffers(max_cols: usize, max_tokens: usize) {
     crate::exec::pool().broadcast(|_| {
         SCRATCH.with(|s| {
-            let mut s = s.borrow_mut();
+            let Ok(mut s) = s.try_borrow_mut() else {
+                return;
+            };
             let n = BLOCK_ROWS * max_cols;
             if s.len() < n {
                 s.resize(n, 0.0);
             }
         });
-        QACTS.with(|qa| qa.borrow_mut().reserve(max_cols, max_tokens));
+        // A thread inside a quantized product (this call made from within one, e.g. a
+        // model built while another runs) holds its buffers: they grow when next filled.
+        QACTS.with(|qa| {
+            if let Ok(mut qa) = qa.try_borrow_mut() {
+                qa.reserve(max_cols, max_tokens)
+            }
+        });
     });
 }
 
