@@ -82,6 +82,18 @@ fn close(what: &str, got: &[f32], want: &[f32]) {
     );
 }
 
+/// The model on the exact path: DESIGN.md's bound for f32 activations is what these
+/// references check (the default precision may quantize activations on this CPU).
+fn exact(mut model: Model) -> Model {
+    model.set_precision(cortiq_engine::model::Precision::Exact);
+    model
+}
+
+/// [`Model::load`] on the exact path.
+fn load_exact(file: Arc<CmfModel>) -> Result<Model, cortiq_engine::model::ModelError> {
+    Model::load(file).map(exact)
+}
+
 pub fn check_logits(what: &str, model: &Model, r: &Reference) -> Vec<f32> {
     let t = r.input_ids.len();
     let mut cache = model.new_state(64);
@@ -116,7 +128,7 @@ fn convert_f32(family: &str, dir: &Path) -> Model {
     let src = common::fixture(&format!("hf/{family}"));
     let out = dir.join(format!("{family}.cmf"));
     convert(&src, &out, &ConvertOptions::new(DType::F32), &mut |_| {}).unwrap();
-    Model::load(Arc::new(CmfModel::open(&out).unwrap())).unwrap()
+    load_exact(Arc::new(CmfModel::open(&out).unwrap())).unwrap()
 }
 
 fn hf_family(family: &str) {
@@ -205,7 +217,7 @@ fn llama_gguf_source() {
 /// on the reference's own dequantization of the very same file.
 fn reference_file(stem: &str) {
     let path = common::fixture(&format!("cmf/{stem}.cmf"));
-    let model = Model::load(Arc::new(CmfModel::open(&path).unwrap())).unwrap();
+    let model = load_exact(Arc::new(CmfModel::open(&path).unwrap())).unwrap();
     let r = reference(&common::fixture(&format!(
         "cmf/{stem}.reference.safetensors"
     )));
@@ -232,7 +244,7 @@ fn reference_files_of_every_dtype() {
 #[test]
 fn masked_moe_file_loads() {
     let path = common::fixture("cmf/qwen3_moe-masked.cmf");
-    let model = Model::load(Arc::new(CmfModel::open(&path).unwrap())).unwrap();
+    let model = load_exact(Arc::new(CmfModel::open(&path).unwrap())).unwrap();
     assert!(model.has_moe());
     let mut state = model.new_state(8);
     let mut ws = model.new_workspace(4);
@@ -340,7 +352,7 @@ fn gated_deltanet_chunked_and_recurrent_forms_agree() {
 fn reference_gemma3_file_with_its_missing_arch_fields() {
     let path = common::fixture("cmf/gemma3-q8.cmf");
     let file = Arc::new(CmfModel::open(&path).unwrap());
-    let plain = Model::load(file.clone()).unwrap();
+    let plain = load_exact(file.clone()).unwrap();
     assert!(
         plain.warnings.iter().any(|w| w.contains("sliding_window")),
         "{:?}",
@@ -349,7 +361,7 @@ fn reference_gemma3_file_with_its_missing_arch_fields() {
     let overrides = serde_json::json!({
         "sliding_window": 8, "rope_theta": 1e6, "rope_local_base_freq": 1e4
     });
-    let model = Model::load_with(file, overrides.as_object().unwrap()).unwrap();
+    let model = exact(Model::load_with(file, overrides.as_object().unwrap()).unwrap());
     assert!(model.warnings.is_empty(), "{:?}", model.warnings);
     let r = reference(&common::fixture("cmf/gemma3-q8.reference.safetensors"));
     check_logits("gemma3-q8", &model, &r);
@@ -385,7 +397,7 @@ fn gguf_imports_of_every_quant_type() {
             &mut |_| {},
         )
         .unwrap();
-        let model = Model::load(Arc::new(CmfModel::open(&out).unwrap())).unwrap();
+        let model = load_exact(Arc::new(CmfModel::open(&out).unwrap())).unwrap();
         let r = reference(&gguf.join(format!("{stem}.reference.safetensors")));
         check_logits(&stem, &model, &r);
     }
@@ -469,15 +481,16 @@ fn session_generates_the_reference_continuation_and_reuses_its_prefix() {
     ));
 }
 
-/// Quantized activations (`--precision fast`) against the exact path. DESIGN.md asks
-/// argmax agreement on ≥ 97% of positions and mean KL ≤ 1e-3 nats where activations are
-/// quantized; these random-weight fixtures, with their perturbed norms, have activation
-/// outliers that int8 groups of 32 cannot hold to that (94% and 7e-3 on qwen3-q8), which
-/// is why `fast` is opt-in. What is checked here is that the fast path stays close —
-/// a wrong scale or code order gives agreement near chance and KL in the nats; the
-/// contract itself is checked on a real model (`tests/real_model_inference.rs`).
+/// Quantized activations against the exact path. DESIGN.md asks argmax agreement on
+/// ≥ 97% of positions and mean KL ≤ 1e-3 nats where activations are quantized. The
+/// balanced path (two int8 levels) must meet it on every reference file. These
+/// random-weight fixtures, with their perturbed norms, have activation outliers that one
+/// int8 level per group of 32 cannot hold to it (94% and 7e-3 on qwen3-q8), which is why
+/// `fast` is opt-in: for it, what is checked is that it stays close — a wrong scale or
+/// code order gives agreement near chance and KL in the nats. The contract is also
+/// checked on the real models (`tests/real_model_inference.rs`).
 #[test]
-fn fast_precision_agrees_with_the_exact_path() {
+fn integer_precisions_agree_with_the_exact_path() {
     use cortiq_engine::model::Precision;
     for stem in [
         "qwen3-q8",
@@ -488,9 +501,7 @@ fn fast_precision_agrees_with_the_exact_path() {
     ] {
         let path = common::fixture(&format!("cmf/{stem}.cmf"));
         let file = Arc::new(CmfModel::open(&path).unwrap());
-        let exact = Model::load(file.clone()).unwrap();
-        let mut fast = Model::load(file).unwrap();
-        fast.set_precision(Precision::Fast);
+        let exact = load_exact(file.clone()).unwrap();
         let r = reference(&common::fixture(&format!(
             "cmf/{stem}.reference.safetensors"
         )));
@@ -502,12 +513,39 @@ fn fast_precision_agrees_with_the_exact_path() {
                 .unwrap();
             ws.logits.clone()
         };
-        let (a, b) = (run(&exact), run(&fast));
-        assert_ne!(a, b, "{stem}: the fast path must actually differ");
-        let m = metrics::agreement(&a, &b, exact.config.vocab);
-        let (agreement, mean_kl) = (m.argmax, m.mean_kl);
-        eprintln!("{stem}: fast vs exact: argmax agreement {agreement:.3}, mean KL {mean_kl:.2e}");
-        assert!(agreement >= 0.9, "{stem}: argmax agreement {agreement}");
-        assert!(mean_kl <= 2e-2, "{stem}: mean KL {mean_kl}");
+        let a = run(&exact);
+        for p in [Precision::Balanced, Precision::Fast] {
+            let mut quantized = Model::load(file.clone()).unwrap();
+            quantized.set_precision(p);
+            let b = run(&quantized);
+            assert_ne!(a, b, "{stem}: the {p:?} path must actually differ");
+            let m = metrics::agreement(&a, &b, exact.config.vocab);
+            let (agreement, mean_kl) = (m.argmax, m.mean_kl);
+            eprintln!(
+                "{stem}: {p:?} vs exact: argmax agreement {agreement:.3}, mean KL {mean_kl:.2e}"
+            );
+            if p == Precision::Balanced {
+                // Within the contract; and with 32 positions one flip is 3%, so each
+                // position whose argmax moved must be a tie of the exact logits within
+                // the f32 parity bound (qwen3-q4tp has one such on AVX2).
+                assert!(mean_kl <= 1e-3, "{stem} {p:?}: mean KL {mean_kl}");
+                let v = exact.config.vocab;
+                for (i, (ea, eb)) in a.chunks_exact(v).zip(b.chunks_exact(v)).enumerate() {
+                    let (ia, ib) = (argmax(ea), argmax(eb));
+                    let max_ref = ea.iter().fold(0f32, |m, x| m.max(x.abs()));
+                    let gap = ea[ia] - ea[ib];
+                    assert!(
+                        gap <= 1e-3 * (1.0 + max_ref),
+                        "{stem} {p:?}: position {i} moved from {ia} to {ib}, gap {gap}"
+                    );
+                }
+            } else {
+                assert!(
+                    agreement >= 0.9,
+                    "{stem} {p:?}: argmax agreement {agreement}"
+                );
+                assert!(mean_kl <= 2e-2, "{stem} {p:?}: mean KL {mean_kl}");
+            }
+        }
     }
 }

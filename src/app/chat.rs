@@ -1543,10 +1543,7 @@ impl ChatState {
             ttft_s: stats.map(|s| s.ttft_s),
             context: live_context.or((self.capacity > 0).then_some((0, self.capacity))),
             sampler: &sampler,
-            precision: match self.precision {
-                Precision::Exact => "exact",
-                Precision::Fast => "fast",
-            },
+            precision: self.precision.name(),
             choice: &choice_line,
         };
         let placeholder = if self.suggested.is_empty() {

@@ -559,10 +559,7 @@ fn run(
 }
 
 fn name_of(p: Precision) -> &'static str {
-    match p {
-        Precision::Exact => "exact",
-        Precision::Fast => "fast",
-    }
+    p.name()
 }
 
 /// Checks and loads the model; `None` after reporting why it cannot chat.

@@ -28,10 +28,12 @@ pub struct ModelArgs {
     #[arg(long)]
     pub no_verify: bool,
     /// Activations of the weight products: `exact` (f32, the default: DESIGN.md's parity
-    /// path) or `fast` (int8 per group of 32 into the integer kernels of q8/q4 weights;
-    /// faster for 4-bit weights, but models with strong activation outliers such as
-    /// SmolLM2 drift: see the note on `--precision` in README.md).
-    #[arg(long, value_name = "exact|fast")]
+    /// path), `balanced` (two int8 levels per group of 32, the codes and their residual,
+    /// into the integer kernels of q8/q4 weights; within DESIGN.md's contract; faster
+    /// where converting weights to f32 is the limit: AVX2, 4-bit weights) or `fast` (one
+    /// int8 level; the least work, but models with strong activation outliers such as
+    /// SmolLM2 drift: see README.md).
+    #[arg(long, value_name = "exact|balanced|fast")]
     pub precision: Option<String>,
 }
 
@@ -158,22 +160,20 @@ impl ModelArgs {
     pub fn load_with(&self, default: Precision) -> Result<Arc<Model>, CliError> {
         let precision = match self.precision.as_deref() {
             None => default,
-            Some("exact") => Precision::Exact,
-            Some("fast") => Precision::Fast,
-            Some(other) => {
-                return Err(CliError::usage(format!(
-                    "--precision {other:?}: expected exact or fast"
-                )))
-            }
+            Some(name) => Precision::parse(name).ok_or_else(|| {
+                CliError::usage(format!(
+                    "--precision {name:?}: expected exact, balanced or fast"
+                ))
+            })?,
         };
         let mut model = self.load_model()?;
         model.set_precision(precision);
         Ok(Arc::new(model))
     }
 
-    /// [`ModelArgs::load_with`] the exact path by default.
+    /// [`ModelArgs::load_with`] the default precision ([`Precision::Exact`]).
     pub fn load(&self) -> Result<Arc<Model>, CliError> {
-        self.load_with(Precision::Exact)
+        self.load_with(Precision::default())
     }
 
     fn load_model(&self) -> Result<Model, CliError> {
@@ -188,7 +188,7 @@ impl ModelArgs {
         let opts = LoadOptions {
             skip_verify: self.no_verify,
             overrides,
-            precision: Precision::Exact,
+            precision: Precision::default(),
         };
         let model = load_verified(&self.file, &opts).map_err(|e| load_error(&self.file, e))?;
         for w in &model.warnings {

@@ -505,19 +505,12 @@ pub const SESSION_FORMAT: &str = "cortiq-session";
 pub const SESSION_VERSION: u32 = 1;
 
 fn precision_name(p: Precision) -> &'static str {
-    match p {
-        Precision::Exact => "exact",
-        Precision::Fast => "fast",
-    }
+    p.name()
 }
 
-/// `"exact"` or `"fast"`.
+/// `"balanced"`, `"exact"` or `"fast"`.
 pub fn parse_precision(s: &str) -> Option<Precision> {
-    match s {
-        "exact" => Some(Precision::Exact),
-        "fast" => Some(Precision::Fast),
-        _ => None,
-    }
+    Precision::parse(s)
 }
 
 impl SavedSession {

@@ -148,7 +148,7 @@ impl Linear {
             shard,
             range: start..start + bytes.len(),
             bias: None,
-            precision: Precision::Exact,
+            precision: Precision::default(),
             alts: Vec::new(),
             slot: None,
         })

@@ -431,9 +431,10 @@ impl Model {
             .map(|i| i as u16)
     }
 
-    /// Sets how every weight product takes its activations: [`Precision::Exact`] (the
-    /// default; f32, the parity path) or [`Precision::Fast`] (activations quantized to
-    /// int8 per group of 32 for the integer kernels of q8/q4 dtypes).
+    /// Sets how every weight product takes its activations: [`Precision::Balanced`] (the
+    /// default; two int8 levels per group of 32 for the integer kernels of q8/q4 dtypes),
+    /// [`Precision::Exact`] (f32, the parity path) or [`Precision::Fast`] (one int8
+    /// level).
     /// The precision set by [`Model::set_precision`].
     pub fn precision(&self) -> Precision {
         self.embed.precision

@@ -32,15 +32,18 @@ pub enum Kernel {
 
 impl Kernel {
     /// The fastest kernel this CPU runs (detected at run time), or a lower one when
-    /// `CORTIQ_KERNEL=scalar|avx2|avx512` asks for it (to measure each SIMD level; a
-    /// level the CPU lacks is never chosen).
+    /// `CORTIQ_SIMD=scalar|avx2|avx512` (or its older name `CORTIQ_KERNEL`) asks for it,
+    /// to measure each SIMD level on one machine; a level the CPU lacks is never chosen.
     pub fn detect() -> Kernel {
         // Read once: every matrix of a model asks at load.
         static CAP: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
-        let cap = *CAP.get_or_init(|| match std::env::var("CORTIQ_KERNEL").as_deref() {
-            Ok("scalar") => Kernel::Scalar,
-            Ok("avx2") => Kernel::Avx2,
-            _ => Kernel::Avx512,
+        let cap = *CAP.get_or_init(|| {
+            let asked = std::env::var("CORTIQ_SIMD").or_else(|_| std::env::var("CORTIQ_KERNEL"));
+            match asked.as_deref() {
+                Ok("scalar") => Kernel::Scalar,
+                Ok("avx2") => Kernel::Avx2,
+                _ => Kernel::Avx512,
+            }
         });
         if cap == Kernel::Avx512 && Kernel::Avx512.is_available() {
             Kernel::Avx512
@@ -59,6 +62,27 @@ impl Kernel {
             Kernel::Avx512 => F_AVX512,
         };
         features() & bit != 0
+    }
+
+    /// The level's name as `CORTIQ_SIMD` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Scalar => "scalar",
+            Kernel::Avx2 => "avx2",
+            Kernel::Avx512 => "avx512",
+        }
+    }
+
+    /// Whether the integer kernels of this level use AVX-512 VNNI (`vpdpbusd`).
+    pub fn has_vnni(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self == Kernel::Avx512 && has_vnni()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
     }
 
     /// Every kernel this CPU runs, scalar first.
@@ -390,54 +414,107 @@ pub(crate) enum ActOrder {
 }
 
 /// Activations `[t, cols]` quantized for the integer kernels; reused across calls.
+///
+/// One level (`Precision::Fast`): `x ≈ d·q`, `q` in `-127..=127`, `d = absmax/127` per
+/// group of 32. A group holding an activation outlier (a channel tens of times larger
+/// than the rest, as real models have) then rounds its other elements to a few levels,
+/// or to zero. Two levels (`Precision::Balanced`, [`QuantizedActs::fill`] with `split`)
+/// also quantize the rounding residual: `x ≈ d·(q + q₂/256)`, `q₂ = round(256·(x − d·q)/d)`
+/// in `-127..=127`, so an element moves by at most about `d/512`, some 15 bits of the
+/// group's range. The kernels dot both code sets against the same weight bytes and
+/// combine them exactly in integers (`256·Σc·q + Σc·q₂`), so the second level costs
+/// integer instructions, not memory traffic.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct QuantizedActs {
     /// Groups per token (`ceil(cols / 32)`); the last group is zero padded.
     groups: usize,
+    /// Whether the residual level `q2` / `c2` is filled.
+    split: bool,
     /// `[t, groups·32]` codes in `-127..=127`.
     q: Vec<i8>,
-    /// `[t, groups]` scales.
+    /// `[t, groups·32]` residual codes (empty unless `split`).
+    q2: Vec<i8>,
+    /// `[t, groups]` scales: `d`, or `d/256` when `split` (the unit of the combined sum).
     d: Vec<f32>,
     /// `[t, groups, 8]`: `−8 ·` the sum of each 4 consecutive codes, the 8 lanes of a
     /// 256-bit integer dot. A `q4` group is `Σ (u − 8)·x = Σ u·x − 8·Σ x` with `u` its
     /// unsigned nibbles: starting the dot from these lanes spares the kernels the
     /// sign juggling of signed codes (see [`IntRowsSimd::OFFSET8`]).
     c: Vec<i32>,
+    /// The same lanes for `q2` (empty unless `split`).
+    c2: Vec<i32>,
 }
 
 /// Lanes of a 256-bit integer dot (8 × i32), each summing 4 byte products.
 const LANES: usize = 8;
 
+/// Weight of the first level against the residual one in a split dot (`2⁸`).
+pub(crate) const SPLIT_SHIFT: i32 = 8;
+
 /// One token of [`QuantizedActs`].
 #[derive(Clone, Copy)]
 pub(crate) struct QToken<'a> {
     pub q: &'a [i8],
+    /// Residual codes (empty for one level).
+    pub q2: &'a [i8],
     pub d: &'a [f32],
     pub c: &'a [i32],
+    pub c2: &'a [i32],
+}
+
+impl QToken<'_> {
+    /// Whether the token carries the residual level.
+    #[inline]
+    pub fn split(&self) -> bool {
+        !self.q2.is_empty()
+    }
 }
 
 impl QuantizedActs {
-    /// Makes room for `t` tokens of `cols` activations, so `fill` does not allocate.
+    /// Makes room for `t` tokens of `cols` activations with both levels, so `fill` does
+    /// not allocate.
     pub fn reserve(&mut self, cols: usize, t: usize) {
         let groups = cols.div_ceil(STEP);
-        self.q
-            .reserve((t * groups * STEP).saturating_sub(self.q.len()));
+        for v in [&mut self.q, &mut self.q2] {
+            v.reserve((t * groups * STEP).saturating_sub(v.len()));
+        }
         self.d.reserve((t * groups).saturating_sub(self.d.len()));
-        self.c
-            .reserve((t * groups * LANES).saturating_sub(self.c.len()));
+        for v in [&mut self.c, &mut self.c2] {
+            v.reserve((t * groups * LANES).saturating_sub(v.len()));
+        }
     }
 
     /// Quantizes `x` (`[t, cols]`), multiplied elementwise by the f16 column field `col`
-    /// first when given (`q8_2f`: `Σ q·col·x = Σ q·(col·x)`).
-    pub fn fill(&mut self, x: &[f32], t: usize, cols: usize, col: Option<&[u8]>, order: ActOrder) {
+    /// first when given (`q8_2f`: `Σ q·col·x = Σ q·(col·x)`); with the residual level
+    /// when `split`.
+    pub fn fill(
+        &mut self,
+        x: &[f32],
+        t: usize,
+        cols: usize,
+        col: Option<&[u8]>,
+        order: ActOrder,
+        split: bool,
+    ) {
         let groups = cols.div_ceil(STEP);
         self.groups = groups;
-        self.q.clear();
-        self.q.resize(t * groups * STEP, 0);
+        self.split = split;
+        let n2 = if split { t * groups * STEP } else { 0 };
+        let l2 = if split { t * groups * LANES } else { 0 };
+        for (v, n) in [(&mut self.q, t * groups * STEP), (&mut self.q2, n2)] {
+            v.clear();
+            v.resize(n, 0);
+        }
         self.d.clear();
         self.d.resize(t * groups, 0.0);
-        self.c.clear();
-        self.c.resize(t * groups * LANES, 0);
+        for (v, n) in [(&mut self.c, t * groups * LANES), (&mut self.c2, l2)] {
+            v.clear();
+            v.resize(n, 0);
+        }
+        let place = |e: usize| match order {
+            ActOrder::Natural => e,
+            ActOrder::NibblePairs => e / 2 + (e % 2) * 16,
+        };
         let mut buf = [0f32; STEP];
         for j in 0..t {
             let xr = &x[j * cols..(j + 1) * cols];
@@ -453,26 +530,32 @@ impl QuantizedActs {
                 }
                 let amax = buf.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let at = j * groups + g;
-                let q = &mut self.q[at * STEP..(at + 1) * STEP];
-                if amax > 0.0 {
-                    self.d[at] = amax / 127.0;
+                let span = at * STEP..(at + 1) * STEP;
+                // A non-finite group cannot be scaled; it stays zero, and the model's own
+                // non-finite checks see the f32 activations it came from.
+                if amax > 0.0 && amax.is_finite() {
+                    let d = amax / 127.0;
                     let inv = 127.0 / amax;
+                    self.d[at] = if split { d / 256.0 } else { d };
+                    let q = &mut self.q[span.clone()];
                     for (e, v) in buf.iter().enumerate() {
-                        // Round to nearest even by the 1.5·2²³ trick (|v·inv| ≤ 127), which
-                        // vectorises where `round_ties_even` would be a libm call.
-                        let r = (v * inv + 12_582_912.0) - 12_582_912.0;
-                        let p = match order {
-                            ActOrder::Natural => e,
-                            ActOrder::NibblePairs => e / 2 + (e % 2) * 16,
-                        };
-                        q[p] = r.clamp(-127.0, 127.0) as i8;
+                        q[place(e)] = round_code(v * inv);
+                    }
+                    if split {
+                        let q2 = &mut self.q2[span.clone()];
+                        let inv2 = 256.0 * inv;
+                        for (e, v) in buf.iter().enumerate() {
+                            let r = v - d * q[place(e)] as f32;
+                            q2[place(e)] = round_code(r * inv2);
+                        }
                     }
                 }
                 // Only the `q4` kernels (nibble order) start from these lanes.
                 if order == ActOrder::NibblePairs {
-                    let lanes = &mut self.c[at * LANES..(at + 1) * LANES];
-                    for (c, four) in lanes.iter_mut().zip(q.chunks_exact(4)) {
-                        *c = -8 * four.iter().map(|&v| v as i32).sum::<i32>();
+                    let lanes = at * LANES..(at + 1) * LANES;
+                    offset_lanes(&self.q[span.clone()], &mut self.c[lanes.clone()]);
+                    if split {
+                        offset_lanes(&self.q2[span], &mut self.c2[lanes]);
                     }
                 }
             }
@@ -482,11 +565,30 @@ impl QuantizedActs {
     /// Token `j`.
     pub fn token(&self, j: usize) -> QToken<'_> {
         let g = self.groups;
+        let codes = j * g * STEP..(j + 1) * g * STEP;
+        let lanes = j * g * LANES..(j + 1) * g * LANES;
         QToken {
-            q: &self.q[j * g * STEP..(j + 1) * g * STEP],
+            q: &self.q[codes.clone()],
+            q2: if self.split { &self.q2[codes] } else { &[] },
             d: &self.d[j * g..(j + 1) * g],
-            c: &self.c[j * g * LANES..(j + 1) * g * LANES],
+            c: &self.c[lanes.clone()],
+            c2: if self.split { &self.c2[lanes] } else { &[] },
         }
+    }
+}
+
+/// `v` (at most 127.5 in magnitude) rounded to the nearest code, ties to even, by the
+/// 1.5·2²³ trick, which vectorises where `round_ties_even` would be a libm call.
+#[inline(always)]
+fn round_code(v: f32) -> i8 {
+    let r = (v + 12_582_912.0) - 12_582_912.0;
+    r.clamp(-127.0, 127.0) as i8
+}
+
+/// The `−8·Σ` lanes of one group's codes (see [`QuantizedActs::c`]).
+fn offset_lanes(q: &[i8], lanes: &mut [i32]) {
+    for (c, four) in lanes.iter_mut().zip(q.chunks_exact(4)) {
+        *c = -8 * four.iter().map(|&v| v as i32).sum::<i32>();
     }
 }
 
@@ -574,18 +676,38 @@ pub(crate) fn run_int<D: IntRows, const R: usize, const T: usize>(
     out: &mut [[f32; T]; R],
 ) {
     let groups = d.cols().div_ceil(STEP);
+    let split = xs.first().is_some_and(|x| x.split());
+    let (n2, l2) = if split {
+        (groups * STEP, groups * LANES)
+    } else {
+        (0, 0)
+    };
     for x in xs {
         assert!(x.q.len() == groups * STEP && x.d.len() == groups && x.c.len() == groups * LANES);
+        assert!(
+            x.q2.len() == n2 && x.c2.len() == l2,
+            "tokens of one block split alike"
+        );
     }
     match k {
         // SAFETY: AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C are present (checked in the
         // guard), and the activation lengths were checked above.
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512 if has_vnni() => unsafe { int_avx::<D, R, T, true>(d, xs, out) },
+        Kernel::Avx512 if has_vnni() => unsafe {
+            if split {
+                int_avx::<D, R, T, true, true>(d, xs, out)
+            } else {
+                int_avx::<D, R, T, true, false>(d, xs, out)
+            }
+        },
         // SAFETY: AVX2/FMA/F16C are present (checked in the guard; `Avx512` implies them).
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512 | Kernel::Avx2 if Kernel::Avx2.is_available() => unsafe {
-            int_avx::<D, R, T, false>(d, xs, out)
+            if split {
+                int_avx::<D, R, T, false, true>(d, xs, out)
+            } else {
+                int_avx::<D, R, T, false, false>(d, xs, out)
+            }
         },
         _ => int_scalar::<D, R, T>(d, xs, out),
     }
@@ -604,8 +726,13 @@ pub(crate) fn int_scalar<D: IntRowsScalar, const R: usize, const T: usize>(
             d.codes32(i, blk, &mut c);
             let s = d.group_scale(i, blk);
             for (a, x) in acc_i.iter_mut().zip(xs) {
-                let q = &x.q[blk * STEP..(blk + 1) * STEP];
-                let dot: i32 = c.iter().zip(q).map(|(&w, &v)| w as i32 * v as i32).sum();
+                let codes = blk * STEP..(blk + 1) * STEP;
+                let dot_with =
+                    |q: &[i8]| -> i32 { c.iter().zip(q).map(|(&w, &v)| w as i32 * v as i32).sum() };
+                let mut dot = dot_with(&x.q[codes.clone()]);
+                if x.split() {
+                    dot = (dot << SPLIT_SHIFT) + dot_with(&x.q2[codes]);
+                }
                 *a += dot as f32 * s * x.d[blk];
             }
         }
@@ -635,50 +762,67 @@ pub(crate) fn int_scalar<D: IntRowsScalar, const R: usize, const T: usize>(
 /// lengths match `d` (checked by [`run_int`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn int_avx_vnni_target<D: IntRowsSimd, const R: usize, const T: usize>(
+unsafe fn int_avx512_vnni_target<
+    D: IntRowsSimd,
+    const R: usize,
+    const T: usize,
+    const SPLIT: bool,
+>(
     d: &D,
     xs: &[QToken; T],
     out: &mut [[f32; T]; R],
 ) {
-    int_body::<D, R, T, true>(d, xs, out)
+    int_body512::<D, R, T, SPLIT>(d, xs, out)
 }
 
-/// See [`int_avx_vnni_target`].
+/// See [`int_avx512_vnni_target`].
 ///
 /// # Safety
-/// As [`int_avx_vnni_target`] without VNNI.
+/// As [`int_avx512_vnni_target`] without VNNI.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn int_avx2_target<D: IntRowsSimd, const R: usize, const T: usize>(
+unsafe fn int_avx2_target<D: IntRowsSimd, const R: usize, const T: usize, const SPLIT: bool>(
     d: &D,
     xs: &[QToken; T],
     out: &mut [[f32; T]; R],
 ) {
-    int_body::<D, R, T, false>(d, xs, out)
+    int_body::<D, R, T, false, SPLIT>(d, xs, out)
 }
 
 /// Dispatch to the two target-feature instantiations.
 ///
 /// # Safety
-/// See [`int_avx_vnni_target`].
+/// See [`int_avx512_vnni_target`].
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn int_avx<D: IntRowsSimd, const R: usize, const T: usize, const VNNI: bool>(
+unsafe fn int_avx<
+    D: IntRowsSimd,
+    const R: usize,
+    const T: usize,
+    const VNNI: bool,
+    const SPLIT: bool,
+>(
     d: &D,
     xs: &[QToken; T],
     out: &mut [[f32; T]; R],
 ) {
     if VNNI {
-        int_avx_vnni_target::<D, R, T>(d, xs, out)
+        int_avx512_vnni_target::<D, R, T, SPLIT>(d, xs, out)
     } else {
-        int_avx2_target::<D, R, T>(d, xs, out)
+        int_avx2_target::<D, R, T, SPLIT>(d, xs, out)
     }
 }
 
 /// The body of the integer kernels; inlined into a target-feature function.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn int_body<D: IntRowsSimd, const R: usize, const T: usize, const VNNI: bool>(
+unsafe fn int_body<
+    D: IntRowsSimd,
+    const R: usize,
+    const T: usize,
+    const VNNI: bool,
+    const SPLIT: bool,
+>(
     d: &D,
     xs: &[QToken; T],
     out: &mut [[f32; T]; R],
@@ -694,22 +838,15 @@ unsafe fn int_body<D: IntRowsSimd, const R: usize, const T: usize, const VNNI: b
                 d.prefetch_next(i, blk);
             }
         }
-        int_step::<D, R, T, VNNI>(d, xs, blk, &raw, &mut acc);
+        int_step::<D, R, T, VNNI, SPLIT>(d, xs, blk, &raw, &mut acc);
     }
     if full * STEP < n {
         // A partial last group (`q8` only: `q4` rows are whole groups), outside the loop
         // so that its call does not force the accumulators out of registers.
         for (i, r) in raw.iter_mut().enumerate() {
-            let mut c = [0i8; STEP];
-            d.codes32(i, full, &mut c);
-            if D::OFFSET8 {
-                for v in &mut c {
-                    *v += 8;
-                }
-            }
-            *r = _mm256_loadu_si256(c.as_ptr() as *const __m256i);
+            *r = partial_codes(d, i, full);
         }
-        int_step::<D, R, T, VNNI>(d, xs, full, &raw, &mut acc);
+        int_step::<D, R, T, VNNI, SPLIT>(d, xs, full, &raw, &mut acc);
     }
     for (i, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
         let p = d.int_post(i);
@@ -722,7 +859,13 @@ unsafe fn int_body<D: IntRowsSimd, const R: usize, const T: usize, const VNNI: b
 /// One group of the integer kernels: codes `raw` of the `R` rows against the `T` tokens.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn int_step<D: IntRowsSimd, const R: usize, const T: usize, const VNNI: bool>(
+unsafe fn int_step<
+    D: IntRowsSimd,
+    const R: usize,
+    const T: usize,
+    const VNNI: bool,
+    const SPLIT: bool,
+>(
     d: &D,
     xs: &[QToken; T],
     blk: usize,
@@ -753,22 +896,28 @@ unsafe fn int_step<D: IntRowsSimd, const R: usize, const T: usize, const VNNI: b
         } else {
             _mm256_setzero_si256()
         };
+        // In bounds when `SPLIT`: `run_int` checked `q2.len() = groups·32` and
+        // `c2.len() = groups·8` for every token.
+        let (xq2, start2) = if SPLIT {
+            (
+                _mm256_loadu_si256(x.q2.as_ptr().add(blk * STEP) as *const __m256i),
+                if D::OFFSET8 {
+                    _mm256_loadu_si256(x.c2.as_ptr().add(blk * LANES) as *const __m256i)
+                } else {
+                    _mm256_setzero_si256()
+                },
+            )
+        } else {
+            (_mm256_setzero_si256(), _mm256_setzero_si256())
+        };
         for i in 0..R {
-            let v = if D::OFFSET8 {
-                xq
-            } else {
-                _mm256_sign_epi8(xq, raw[i])
-            };
-            // AVX2: u ≤ 128 (|code| ≤ 128, or a nibble ≤ 15), so a pair of u8·i8
-            // products is at most 2·128·127 < 2¹⁵ and `maddubs` never saturates.
-            let dot = if VNNI {
-                _mm256_dpbusd_epi32(start, u[i], v)
-            } else {
-                _mm256_add_epi32(
-                    start,
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], v), _mm256_set1_epi16(1)),
-                )
-            };
+            let mut dot = int_dot::<D, VNNI>(start, u[i], xq, raw[i]);
+            if SPLIT {
+                // `256·Σc·q + Σc·q₂`: lanes of at most 4·128·127·257 < 2²⁴ (exact in
+                // f32 below), the integer form of `Σc·(q + q₂/256)`.
+                let lo = int_dot::<D, VNNI>(start2, u[i], xq2, raw[i]);
+                dot = _mm256_add_epi32(_mm256_slli_epi32::<SPLIT_SHIFT>(dot), lo);
+            }
             let mut f = _mm256_cvtepi32_ps(dot);
             if D::GROUP_SCALES {
                 f = _mm256_mul_ps(f, ws[i]);
@@ -776,4 +925,173 @@ unsafe fn int_step<D: IntRowsSimd, const R: usize, const T: usize, const VNNI: b
             acc[i][j] = _mm256_fmadd_ps(f, dj, acc[i][j]);
         }
     }
+}
+
+/// `start + Σ c·xq` in 8 lanes of 4 products, the weight codes `c` given as `u` (the
+/// unsigned operand, see [`int_step`]) and `raw` (their signed form).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn int_dot<D: IntRowsSimd, const VNNI: bool>(
+    start: __m256i,
+    u: __m256i,
+    xq: __m256i,
+    raw: __m256i,
+) -> __m256i {
+    let v = if D::OFFSET8 {
+        xq
+    } else {
+        _mm256_sign_epi8(xq, raw)
+    };
+    // AVX2: u ≤ 128 (|code| ≤ 128, or a nibble ≤ 15), so a pair of u8·i8 products is at
+    // most 2·128·127 < 2¹⁵ and `maddubs` never saturates.
+    if VNNI {
+        _mm256_dpbusd_epi32(start, u, v)
+    } else {
+        _mm256_add_epi32(
+            start,
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1)),
+        )
+    }
+}
+
+/// The AVX-512 VNNI body: two groups per step in 16-lane registers (`vpdpbusd` on 512
+/// bits does the work of two 256-bit ones in one instruction, and so do the conversion
+/// and the multiply-adds that follow it), the odd last group and a partial one through
+/// [`int_step`]. Each (weight row, token) pair still sees the same operations whatever
+/// `R` and `T`, so prefill and decode agree bit for bit.
+///
+/// AVX-512 BW has no byte `sign`: the sign of the `q8` codes moves onto the activations
+/// with a masked subtraction (`0 − x` where the code is negative), the mask taken once per
+/// row and step.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; the token lengths match `d` (checked by
+/// [`run_int`]).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn int_body512<D: IntRowsSimd, const R: usize, const T: usize, const SPLIT: bool>(
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+) {
+    let n = d.cols();
+    let full = n / STEP;
+    let pairs = full / 2;
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let mut u = [_mm512_setzero_si512(); R];
+    let mut neg = [0u64; R];
+    let mut ws = [_mm512_set1_ps(1.0); R];
+    // Lane `l` of a 16-lane scale vector takes group `l / 8` of the pair.
+    let spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    for pair in 0..pairs {
+        let blk = 2 * pair;
+        for i in 0..R {
+            let raw = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(d.load_u8(i, blk)),
+                d.load_u8(i, blk + 1),
+            );
+            if T == 1 {
+                d.prefetch_next(i, blk);
+                d.prefetch_next(i, blk + 1);
+            }
+            if D::OFFSET8 {
+                u[i] = raw;
+            } else {
+                u[i] = _mm512_abs_epi8(raw);
+                neg[i] = _mm512_movepi8_mask(raw);
+            }
+            if D::GROUP_SCALES {
+                // `insertf32x8` would need AVX-512 DQ; the 64-bit form is AVX-512 F.
+                let (s0, s1) = (d.group_scale_simd(i, blk), d.group_scale_simd(i, blk + 1));
+                ws[i] = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                    _mm512_castps_pd(_mm512_castps256_ps512(_mm256_set1_ps(s0))),
+                    _mm256_castps_pd(_mm256_set1_ps(s1)),
+                ));
+            }
+        }
+        for (j, x) in xs.iter().enumerate() {
+            // In bounds: `run_int` checked `q.len() = groups·32`, `d.len() = groups`,
+            // `c.len() = groups·8` (and the same for `q2`, `c2` when `SPLIT`), and
+            // `blk + 1 < groups`.
+            let xq = _mm512_loadu_si512(x.q.as_ptr().add(blk * STEP) as *const _);
+            let pair_d = _mm_castpd_ps(_mm_load_sd(x.d.as_ptr().add(blk) as *const f64));
+            let dj = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(pair_d));
+            let start = if D::OFFSET8 {
+                _mm512_loadu_si512(x.c.as_ptr().add(blk * LANES) as *const _)
+            } else {
+                _mm512_setzero_si512()
+            };
+            let (xq2, start2) = if SPLIT {
+                (
+                    _mm512_loadu_si512(x.q2.as_ptr().add(blk * STEP) as *const _),
+                    if D::OFFSET8 {
+                        _mm512_loadu_si512(x.c2.as_ptr().add(blk * LANES) as *const _)
+                    } else {
+                        _mm512_setzero_si512()
+                    },
+                )
+            } else {
+                (_mm512_setzero_si512(), _mm512_setzero_si512())
+            };
+            for i in 0..R {
+                let signed = |v: __m512i| {
+                    if D::OFFSET8 {
+                        v
+                    } else {
+                        _mm512_mask_sub_epi8(v, neg[i], _mm512_setzero_si512(), v)
+                    }
+                };
+                let mut dot = _mm512_dpbusd_epi32(start, u[i], signed(xq));
+                if SPLIT {
+                    // As in `int_step`: `256·Σc·q + Σc·q₂`, lanes below 2²⁴.
+                    let lo = _mm512_dpbusd_epi32(start2, u[i], signed(xq2));
+                    dot = _mm512_add_epi32(_mm512_slli_epi32::<{ SPLIT_SHIFT as u32 }>(dot), lo);
+                }
+                let mut f = _mm512_cvtepi32_ps(dot);
+                if D::GROUP_SCALES {
+                    f = _mm512_mul_ps(f, ws[i]);
+                }
+                acc[i][j] = _mm512_fmadd_ps(f, dj, acc[i][j]);
+            }
+        }
+    }
+    // The odd last whole group and a partial one, 8 lanes at a time.
+    let mut acc8 = [[_mm256_setzero_ps(); T]; R];
+    let mut raw8 = [_mm256_setzero_si256(); R];
+    if full % 2 == 1 {
+        for (i, r) in raw8.iter_mut().enumerate() {
+            *r = d.load_u8(i, full - 1);
+        }
+        int_step::<D, R, T, true, SPLIT>(d, xs, full - 1, &raw8, &mut acc8);
+    }
+    if full * STEP < n {
+        for (i, r) in raw8.iter_mut().enumerate() {
+            *r = partial_codes(d, i, full);
+        }
+        int_step::<D, R, T, true, SPLIT>(d, xs, full, &raw8, &mut acc8);
+    }
+    for (i, (o, (a, a8))) in out.iter_mut().zip(acc.iter().zip(&acc8)).enumerate() {
+        let p = d.int_post(i);
+        for (o, (a, a8)) in o.iter_mut().zip(a.iter().zip(a8)) {
+            *o = (_mm512_reduce_add_ps(*a) + hsum256(*a8)) * p;
+        }
+    }
+}
+
+/// The codes of the partial last group `blk` of row `i` as [`IntRowsSimd::load_u8`]
+/// would give them (`q8` only: `q4` rows are whole groups).
+///
+/// # Safety
+/// AVX2; `i < R`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn partial_codes<D: IntRowsSimd>(d: &D, i: usize, blk: usize) -> __m256i {
+    let mut c = [0i8; STEP];
+    d.codes32(i, blk, &mut c);
+    if D::OFFSET8 {
+        for v in &mut c {
+            *v += 8;
+        }
+    }
+    _mm256_loadu_si256(c.as_ptr() as *const __m256i)
 }

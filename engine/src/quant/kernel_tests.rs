@@ -367,11 +367,37 @@ fn fast_operands(
     (wq, v)
 }
 
+/// The integer precisions.
+const INT_PRECISIONS: [Precision; 2] = [Precision::Fast, Precision::Balanced];
+
+/// How far an activation may move under `p`, in units of its group's `d = absmax/127`:
+/// half a step (`Fast`), or half a step of the residual level, `d/256`, at most a whole
+/// one where the residual's code is clamped to 127 (`Balanced`).
+fn step_error(p: Precision) -> f64 {
+    match p {
+        Precision::Fast => 0.5,
+        Precision::Balanced => 1.0 / 256.0,
+        Precision::Exact => 0.0,
+    }
+}
+
 /// Per entry of `W'·V` (`v` is `[t, cols]`): the exact value, and the bound on the `Fast`
 /// error: `Σ_k |w'_k|·d_k/2` (quantization, `d` the group's `absmax/127`, with a little
 /// slack for the f32 `v·(127/absmax)`) plus the f32 [`tolerance`] of a sum of
 /// `Σ|w'|·(|v| + d/2)` (the magnitude of the terms the kernel adds).
 fn fast_bound(w: &[f32], rows: usize, cols: usize, v: &[f32], t: usize) -> Vec<(f64, f64)> {
+    int_bound(w, rows, cols, v, t, Precision::Fast)
+}
+
+/// [`fast_bound`] for the integer precision `p` (see [`step_error`]).
+fn int_bound(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    v: &[f32],
+    t: usize,
+    p: Precision,
+) -> Vec<(f64, f64)> {
     let mut out = Vec::with_capacity(t * rows);
     for j in 0..t {
         let x = &v[j * cols..(j + 1) * cols];
@@ -383,7 +409,7 @@ fn fast_bound(w: &[f32], rows: usize, cols: usize, v: &[f32], t: usize) -> Vec<(
             let wr = &w[r * cols..(r + 1) * cols];
             let (mut exact, mut quant, mut mag) = (0f64, 0f64, 0f64);
             for c in 0..cols {
-                let (a, b, h) = (wr[c] as f64, x[c] as f64, d[c / 32] / 2.0);
+                let (a, b, h) = (wr[c] as f64, x[c] as f64, d[c / 32] * step_error(p));
                 exact += a * b;
                 quant += a.abs() * h * (1.0 + 1e-6);
                 mag += a.abs() * (b.abs() + h);
@@ -409,26 +435,74 @@ fn fast_shapes(dtype: DType) -> Vec<Vec<u64>> {
 }
 
 #[test]
-fn fast_path_is_within_the_activation_quantization_bound() {
-    for dtype in FAST {
-        for (si, shape) in fast_shapes(dtype).iter().enumerate() {
-            let (bytes, w, g) = encoded(dtype, shape, 40 + si as u64);
-            let x = activations(g.cols, 70 + si as u64);
-            let (wq, v) = fast_operands(dtype, g, &bytes, &w, &x);
-            let want = fast_bound(&wq, g.rows, g.cols, &v, 1);
-            for k in Kernel::available() {
-                let mut m = Matrix::new(dtype, shape, &bytes).unwrap();
-                m.set_kernel(k).unwrap();
-                let mut y = vec![f32::NAN; g.rows];
-                matvec_with(&m, &bytes, &x, &mut y, Precision::Fast);
-                for (r, (&yv, &(e, b))) in y.iter().zip(&want).enumerate() {
-                    let err = (yv as f64 - e).abs();
-                    assert!(
-                        err <= b,
-                        "{dtype} {shape:?} {k:?} row {r}: {yv} vs {e} (err {err:e} > {b:e})"
-                    );
+fn int_paths_are_within_the_activation_quantization_bound() {
+    for p in INT_PRECISIONS {
+        for dtype in FAST {
+            for (si, shape) in fast_shapes(dtype).iter().enumerate() {
+                let (bytes, w, g) = encoded(dtype, shape, 40 + si as u64);
+                let x = activations(g.cols, 70 + si as u64);
+                let (wq, v) = fast_operands(dtype, g, &bytes, &w, &x);
+                let want = int_bound(&wq, g.rows, g.cols, &v, 1, p);
+                for k in Kernel::available() {
+                    let mut m = Matrix::new(dtype, shape, &bytes).unwrap();
+                    m.set_kernel(k).unwrap();
+                    let mut y = vec![f32::NAN; g.rows];
+                    matvec_with(&m, &bytes, &x, &mut y, p);
+                    for (r, (&yv, &(e, b))) in y.iter().zip(&want).enumerate() {
+                        let err = (yv as f64 - e).abs();
+                        assert!(
+                            err <= b,
+                            "{p:?} {dtype} {shape:?} {k:?} row {r}: {yv} vs {e} (err {err:e} > {b:e})"
+                        );
+                    }
                 }
             }
+        }
+    }
+}
+
+/// Activations whose every group holds one element 300× the others: the outliers of
+/// real models' FFN inputs.
+fn outlier_activations(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = activations(n, seed);
+    for (g, chunk) in x.chunks_mut(32).enumerate() {
+        let at = (g * 7) % chunk.len();
+        chunk[at] = if g % 2 == 0 { 600.0 } else { -600.0 };
+    }
+    x
+}
+
+#[test]
+fn balanced_keeps_the_rest_of_a_group_with_an_outlier() {
+    // With one int8 level the other 31 elements of each group round to a few steps of
+    // 600/127 ≈ 4.7, i.e. mostly to zero; the residual level keeps them. Balanced must be
+    // within its bound, and Fast must miss that bound (the test can fail).
+    for dtype in FAST {
+        let shape = [21u64, 288];
+        let (bytes, w, g) = encoded(dtype, &shape, 77);
+        let x = outlier_activations(g.cols, 78);
+        let (wq, v) = fast_operands(dtype, g, &bytes, &w, &x);
+        let tight = int_bound(&wq, g.rows, g.cols, &v, 1, Precision::Balanced);
+        for k in Kernel::available() {
+            let mut m = Matrix::new(dtype, &shape, &bytes).unwrap();
+            m.set_kernel(k).unwrap();
+            let (mut yb, mut yf) = (vec![f32::NAN; g.rows], vec![f32::NAN; g.rows]);
+            matvec_with(&m, &bytes, &x, &mut yb, Precision::Balanced);
+            matvec_with(&m, &bytes, &x, &mut yf, Precision::Fast);
+            let mut fast_misses = 0;
+            for r in 0..g.rows {
+                let (e, b) = tight[r];
+                let err = (yb[r] as f64 - e).abs();
+                assert!(
+                    err <= b,
+                    "{dtype} {k:?} row {r}: balanced err {err:e} > {b:e}"
+                );
+                fast_misses += usize::from((yf[r] as f64 - e).abs() > b);
+            }
+            assert!(
+                fast_misses > g.rows / 2,
+                "{dtype} {k:?}: fast within the tight bound"
+            );
         }
     }
 }
@@ -455,7 +529,13 @@ fn fast_path_bound_is_tight_enough_to_fail() {
 }
 
 #[test]
-fn fast_simd_agrees_with_fast_scalar_and_matmul_is_t_matvecs() {
+fn int_simd_agrees_with_int_scalar_and_matmul_is_t_matvecs() {
+    for p in INT_PRECISIONS {
+        int_simd_agrees_with_int_scalar(p);
+    }
+}
+
+fn int_simd_agrees_with_int_scalar(p: Precision) {
     for dtype in FAST {
         for shape in [vec![13u64, 96], vec![6, 2080], vec![5, 33]] {
             if dtype.requires_cols_multiple_of_group() && shape[1] % 32 != 0 {
@@ -467,14 +547,16 @@ fn fast_simd_agrees_with_fast_scalar_and_matmul_is_t_matvecs() {
             for t in [1usize, 2, 3, 5, 8, 9] {
                 let x = activations(t * g.cols, 100 + t as u64);
                 let (wq, v) = fast_operands(dtype, g, &bytes, &w, &x);
+                // The magnitude of the terms the kernels add is the one-level bound's,
+                // whatever `p` (the residual level moves values, not their size).
                 let bound = fast_bound(&wq, g.rows, g.cols, &v, t);
                 let mut ys = vec![0.0; t * g.rows];
-                matmul_with(&scalar, &bytes, &x, t, &mut ys, Precision::Fast);
+                matmul_with(&scalar, &bytes, &x, t, &mut ys, p);
                 for k in Kernel::available() {
                     let mut m = scalar.clone();
                     m.set_kernel(k).unwrap();
                     let mut y = vec![f32::NAN; t * g.rows];
-                    matmul_with(&m, &bytes, &x, t, &mut y, Precision::Fast);
+                    matmul_with(&m, &bytes, &x, t, &mut y, p);
                     // Both compute the same exact integer group sums; they differ only in
                     // the f32 order of the per-group terms (magnitude ≤ the bound's).
                     let groups = g.cols.div_ceil(32);
@@ -483,13 +565,13 @@ fn fast_simd_agrees_with_fast_scalar_and_matmul_is_t_matvecs() {
                         let tol = 2.0 * tolerance(groups + 8, mag * 4.0);
                         assert!(
                             (a as f64 - b as f64).abs() <= tol,
-                            "{dtype} {shape:?} {k:?} t={t} entry {e}: {a} vs scalar {b}"
+                            "{p:?} {dtype} {shape:?} {k:?} t={t} entry {e}: {a} vs scalar {b}"
                         );
                     }
                     for i in 0..t {
                         let mut yi = vec![f32::NAN; g.rows];
                         let xi = &x[i * g.cols..(i + 1) * g.cols];
-                        matvec_with(&m, &bytes, xi, &mut yi, Precision::Fast);
+                        matvec_with(&m, &bytes, xi, &mut yi, p);
                         let row = &y[i * g.rows..(i + 1) * g.rows];
                         let same = row.iter().zip(&yi).all(|(a, b)| a.to_bits() == b.to_bits());
                         assert!(same, "{dtype} {k:?} t={t} token {i}: {row:?} vs {yi:?}");
@@ -501,7 +583,7 @@ fn fast_simd_agrees_with_fast_scalar_and_matmul_is_t_matvecs() {
 }
 
 #[test]
-fn fast_falls_back_to_exact_without_an_integer_kernel() {
+fn int_paths_fall_back_to_exact_without_an_integer_kernel() {
     for dtype in [
         DType::F32,
         DType::Bf16,
@@ -520,7 +602,18 @@ fn fast_falls_back_to_exact_without_an_integer_kernel() {
         let x = activations(3 * g.cols, 4);
         let (mut a, mut b) = (vec![0.0; 3 * g.rows], vec![0.0; 3 * g.rows]);
         matmul(&m, &bytes, &x, 3, &mut a);
-        matmul_with(&m, &bytes, &x, 3, &mut b, Precision::Fast);
-        assert_eq!(a, b, "{dtype}");
+        for p in INT_PRECISIONS {
+            matmul_with(&m, &bytes, &x, 3, &mut b, p);
+            assert_eq!(a, b, "{p:?} {dtype}");
+        }
     }
+}
+
+#[test]
+fn precision_names_round_trip() {
+    assert_eq!(Precision::default(), Precision::Exact);
+    for p in Precision::ALL {
+        assert_eq!(Precision::parse(p.name()), Some(p));
+    }
+    assert_eq!(Precision::parse("int4"), None);
 }

@@ -17,13 +17,14 @@
 //! once, never per call) and run the `f32` kernel over it; `vbit` row starts and the `q1s`
 //! overlay rows are indexed once by [`Matrix::new`], so every row costs O(row).
 //!
-//! Numerics: the exact path ([`Precision::Exact`], the default) computes `Σ w·x` in f32
-//! with the weights exactly as [`super::decode`] yields them (a per-row `q8` scale is
-//! applied after the sum); only the summation order differs from a naive dot.
-//! [`Precision::Fast`] ([`matvec_with`], [`matmul_with`]) quantizes the activations per
-//! group of 32 to int8 and uses integer dot products for the `q8` and `q4` dtypes. For one
-//! [`Kernel`] and precision, `matmul` gives bit for bit the values of `t` separate
-//! `matvec`s (prefill and decode agree exactly).
+//! Numerics: the exact path ([`Precision::Exact`]) computes `Σ w·x` in f32 with the
+//! weights exactly as [`super::decode`] yields them (a per-row `q8` scale is applied after
+//! the sum); only the summation order differs from a naive dot. [`Precision::Balanced`]
+//! and [`Precision::Fast`] ([`matvec_with`], [`matmul_with`]) quantize the
+//! activations per group of 32 to int8 — two levels, the codes and their residual, or
+//! one — and use integer dot products for the `q8` and `q4` dtypes. For one [`Kernel`]
+//! and precision, `matmul` gives bit for bit the values of `t` separate `matvec`s
+//! (prefill and decode agree exactly).
 //!
 //! Threads: rows are split over the current rayon pool; each task writes its own part of
 //! `y`, and nothing is allocated per call (the per-thread scratch rows and quantized
@@ -152,14 +153,51 @@ impl Matrix {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Precision {
     /// f32 activations and the weights exactly as [`super::decode`] yields them: equal to
-    /// dequantize-then-f32-dot up to f32 rounding.
+    /// dequantize-then-f32-dot up to f32 rounding. The parity path, and the default.
     #[default]
     Exact,
-    /// Activations quantized per group of 32 to int8 (`d = absmax/127`, so each moves by
-    /// at most `d/2`), integer dot products (AVX-512 VNNI, AVX2), one f32 multiply-add per
-    /// group. For `q8_row`, `q8_2f`, `q4_tiled`, `q4_block` (`cols % 32 == 0`) and `q4tp`;
-    /// other dtypes compute [`Precision::Exact`].
+    /// Activations quantized per group of 32 in two int8 levels, the codes
+    /// and their rounding residual (`x ≈ d·(q + q₂/256)`, each element within about
+    /// `absmax/65000` of its value: an outlier in the group no longer flattens the other
+    /// elements), integer dot products on the stored weight bytes (AVX-512 VNNI, AVX2),
+    /// combined exactly in integers. For the dtypes of [`Precision::Fast`]; the others
+    /// compute [`Precision::Exact`].
+    Balanced,
+    /// One int8 level per group of 32 (`d = absmax/127`, so each moves by at most `d/2`),
+    /// integer dot products, one f32 multiply-add per group: the least integer work, and
+    /// the accuracy that a group's outlier leaves. For `q8_row`, `q8_2f`, `q4_tiled`,
+    /// `q4_block` (`cols % 32 == 0`) and `q4tp`; other dtypes compute
+    /// [`Precision::Exact`].
     Fast,
+}
+
+impl Precision {
+    /// Every precision, in the order the CLI lists them.
+    pub const ALL: [Precision; 3] = [Precision::Exact, Precision::Balanced, Precision::Fast];
+
+    /// The name the CLI and the transcripts use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Exact => "exact",
+            Precision::Balanced => "balanced",
+            Precision::Fast => "fast",
+        }
+    }
+
+    /// The precision called `name` ([`Precision::name`]).
+    pub fn parse(name: &str) -> Option<Precision> {
+        Precision::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// Whether products quantize their activations (where the dtype has integer kernels).
+    pub fn is_int(self) -> bool {
+        self != Precision::Exact
+    }
+
+    /// Whether quantized activations carry the residual level.
+    fn split(self) -> bool {
+        self == Precision::Balanced
+    }
 }
 
 /// Activations of a product, `[t, cols]`.
@@ -217,6 +255,7 @@ fn with_quantized<Out>(
     x: &[f32],
     t: usize,
     order: ActOrder,
+    p: Precision,
     f: impl FnOnce(Acts) -> Out,
 ) -> Out {
     let col = (m.dtype == DType::Q8_2f).then(|| {
@@ -225,12 +264,12 @@ fn with_quantized<Out>(
     });
     QACTS.with(|cell| match cell.try_borrow_mut() {
         Ok(mut qa) => {
-            qa.fill(x, t, m.cols, col, order);
+            qa.fill(x, t, m.cols, col, order, p.split());
             f(Acts::Int(&qa))
         }
         Err(_) => {
             let mut qa = QuantizedActs::default();
-            qa.fill(x, t, m.cols, col, order);
+            qa.fill(x, t, m.cols, col, order, p.split());
             f(Acts::Int(&qa))
         }
     })
@@ -249,13 +288,21 @@ thread_local! {
 pub fn reserve_thread_buffers(max_cols: usize, max_tokens: usize) {
     crate::exec::pool().broadcast(|_| {
         SCRATCH.with(|s| {
-            let mut s = s.borrow_mut();
+            let Ok(mut s) = s.try_borrow_mut() else {
+                return;
+            };
             let n = BLOCK_ROWS * max_cols;
             if s.len() < n {
                 s.resize(n, 0.0);
             }
         });
-        QACTS.with(|qa| qa.borrow_mut().reserve(max_cols, max_tokens));
+        // A thread inside a quantized product (this call made from within one, e.g. a
+        // model built while another runs) holds its buffers: they grow when next filled.
+        QACTS.with(|qa| {
+            if let Ok(mut qa) = qa.try_borrow_mut() {
+                qa.reserve(max_cols, max_tokens)
+            }
+        });
     });
 }
 
@@ -367,7 +414,7 @@ fn matvec_sel(
         return;
     }
     match int_order(m) {
-        Some(order) if p == Precision::Fast => with_quantized(m, bytes, x, 1, order, |acts| {
+        Some(order) if p.is_int() => with_quantized(m, bytes, x, 1, order, p, |acts| {
             matvec_impl(m, bytes, acts, rows, y)
         }),
         _ => matvec_impl(m, bytes, Acts::F32(x), rows, y),
@@ -415,8 +462,8 @@ pub fn matvec_multi(parts: &mut [MatvecPart], x: &[f32], p: Precision) {
         })
     }
     match order {
-        Some(order) if p == Precision::Fast && shared => {
-            with_quantized(m0, b0, x, 1, order, |acts| run_all(parts, acts))
+        Some(order) if p.is_int() && shared => {
+            with_quantized(m0, b0, x, 1, order, p, |acts| run_all(parts, acts))
         }
         _ if p == Precision::Exact => run_all(parts, Acts::F32(x)),
         // Each part quantizes for itself; one after the other, so that each uses this
@@ -483,7 +530,7 @@ pub fn matmul_each(jobs: &mut [MatmulJob], p: Precision) {
                     let l = Q8Layout::new(j.m.geom);
                     &j.bytes[l.col_field..l.col_field + 2 * j.m.cols]
                 });
-                qa.fill(j.x, j.t, j.m.cols, col, order);
+                qa.fill(j.x, j.t, j.m.cols, col, order, p.split());
             }
         }
         jobs.par_iter_mut().zip(qas.par_iter()).for_each(|(j, qa)| {
@@ -639,7 +686,7 @@ fn matmul_sel(
         return;
     }
     match int_order(m) {
-        Some(order) if p == Precision::Fast => with_quantized(m, bytes, x, t, order, |acts| {
+        Some(order) if p.is_int() => with_quantized(m, bytes, x, t, order, p, |acts| {
             matmul_impl(m, bytes, acts, t, rows, y)
         }),
         _ => matmul_impl(m, bytes, Acts::F32(x), t, rows, y),
