@@ -36,7 +36,7 @@
 #
 # Our runs: `cortiq bench F --threads T --prompt-tokens 64 --tokens N --repeat 1 --json
 # --no-verify` (each file is verified once first) at the default precision (its name as
-# the run reports it), `--precision exact` and `--precision fast`, and `--prompt-tokens 512`
+# the run reports it), `--precision exact`, `balanced` and `fast`, and `--prompt-tokens 512`
 # for the long prefill. The reference: `bench F --core --ignore-eos --ctx 64 --tokens N
 # --json`. llama.cpp: `llama-bench -m G -t T -p 64,512 -n TOKENS -r 1 -o json`; on a
 # machine where it dies of SIGILL (rc 132: llama.cpp's AMX repack on a VM without AMX
@@ -308,7 +308,7 @@ for model in MODELS:
         c = Config("ours", model, fmt, "long", ours_cmd(model, fmt, LONG, 1))
         c.slow = 0.5 + LONG / max(p, 1e-3) > SLOW_S
         configs.append(c)
-        for other in ("exact", "fast"):
+        for other in ("exact", "balanced", "fast"):
             if other == prec:
                 continue
             pr = probe(model, fmt, other)
@@ -439,7 +439,7 @@ if LLAMA_FLAGS:
     print(f"llama-bench flags: {' '.join(LLAMA_FLAGS)}")
 precs = sorted(set(default_precision.values()))
 print(f"default: SIMD {DEFAULT_KERNEL}, precision {', '.join(precs)} (as `cortiq bench` reports "
-      f"it); exact/fast \"=\" when that is the default")
+      f"it); exact/balanced/fast \"=\" when that is the default")
 for model in MODELS:
     if ref_ppl.get(model):
         print(f"{model}: perplexity of the fixture's passage by transformers (f32): {ref_ppl[model]}")
@@ -448,14 +448,14 @@ for n in notes:
 for (model, t), n in sorted(gguf_notes.items()):
     print(f"note: llama.cpp {t} of {model}: {n}")
 print()
-print("| model | format | peer | tok | decode default | exact | fast | ref | llama.cpp | ÷llama | ÷ref "
+print("| model | format | peer | tok | decode default | exact | balanced | fast | ref | llama.cpp | ÷llama | ÷ref "
       "| eff. GB/s (% DRAM) | prefill 64 | llama | ÷ | prefill 512 | llama | ÷ | TTFT ms 64/512 "
       "| peak RSS MiB (file+KV) | allocs/tok | ppl |")
-print("|" + "---|" * 22)
+print("|" + "---|" * 23)
 for model in MODELS:
     for fmt in FORMATS:
         if (model, fmt) not in default_precision:
-            print(f"| {model} | {fmt} | | | (our bench failed) |" + " |" * 17)
+            print(f"| {model} | {fmt} | | | (our bench failed) |" + " |" * 18)
             continue
         prec = default_precision[(model, fmt)]
         d, _, d1 = med("ours", model, fmt, "default", "decode")
@@ -468,7 +468,7 @@ for model in MODELS:
         allocs, _, _ = med("ours", model, fmt, "default", "allocs")
         wbpt, _, _ = med("ours", model, fmt, "default", "wbpt")
         cols = {}
-        for other in ("exact", "fast"):
+        for other in ("exact", "balanced", "fast"):
             if other == prec:
                 cols[other] = "="
             else:
@@ -489,7 +489,7 @@ for model in MODELS:
         rss_cell = "—" if rss is None else f"{rss / 2**20:.0f} ({bound / 2**20:.0f})" + (
             " over" if rss > bound else "")
         print(f"| {model} | {fmt} | {peer_names} | {tokens_of[(model, fmt)]} | "
-              f"{cell(d, one=d1)} {prec} | {cols['exact']} | {cols['fast']} | {cell(rd, one=r1)} | "
+              f"{cell(d, one=d1)} {prec} | {cols['exact']} | {cols['balanced']} | {cols['fast']} | {cell(rd, one=r1)} | "
               f"{slash([cell(x) for x in ld])} | {ratio(d, ld)} | {ratio(d, [rd])} | {eff} | "
               f"{cell(p, one=p1)} | {slash([cell(x) for x in lp])} | {ratio(p, lp)} | "
               f"{cell(pl, one=pl1)} | {slash([cell(x) for x in lpl])} | {ratio(pl, lpl)} | "

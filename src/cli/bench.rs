@@ -368,9 +368,8 @@ pub fn run(a: &Args) -> CmdResult {
     };
     let (pf, dc, tt) = (median(prefill), median(decode), median(ttft));
     let rss = peak_rss_bytes();
-    let kernel = format!("{:?}", Kernel::detect()).to_lowercase();
-    // As `--precision` spells it (the variants' names, lowercased).
-    let precision = format!("{:?}", model.precision()).to_lowercase();
+    let kernel = Kernel::detect().name();
+    let precision = model.precision().name();
     let weight_bytes = model.weight_bytes_per_token();
     let allocs_per_token = decode_allocs as f64 / (a.tokens * a.repeat) as f64;
     if a.json {
