@@ -512,7 +512,7 @@ fn chat_commands_set_save_load_and_replay() {
     assert_eq!(s["format"], "cortiq-session");
     assert_eq!(s["system"], "Be brief.");
     assert_eq!(s["sampling"]["greedy"], true);
-    assert_eq!(s["precision"], "exact");
+    assert_eq!(s["precision"], "balanced", "the default precision");
     assert_eq!(s["messages"][0]["content"], "Hello");
     assert_eq!(ids_of(&s["messages"][1]["ids"]).len(), 4);
     assert_eq!(s["model"]["directory_hash"].as_str().unwrap().len(), 16);

@@ -27,12 +27,12 @@ pub struct ModelArgs {
     /// Skip the hash check of the weights at load.
     #[arg(long)]
     pub no_verify: bool,
-    /// Activations of the weight products: `exact` (f32, the default: DESIGN.md's parity
-    /// path), `balanced` (two int8 levels per group of 32, the codes and their residual,
-    /// into the integer kernels of q8/q4 weights; within DESIGN.md's contract; faster
-    /// where converting weights to f32 is the limit: AVX2, 4-bit weights) or `fast` (one
-    /// int8 level; the least work, but models with strong activation outliers such as
-    /// SmolLM2 drift: see README.md).
+    /// Activations of the weight products: `balanced` (the default: activations per
+    /// token in two int8 levels, the codes and their residual, an int16 code, into the
+    /// integer kernels of q8/q4 weights; within DESIGN.md's contract), `exact` (f32
+    /// activations: DESIGN.md's parity path) or `fast` (one int8 level per group of 32;
+    /// the least work, but models with strong activation outliers such as SmolLM2 drift:
+    /// see README.md).
     #[arg(long, value_name = "exact|balanced|fast")]
     pub precision: Option<String>,
 }
@@ -171,7 +171,7 @@ impl ModelArgs {
         Ok(Arc::new(model))
     }
 
-    /// [`ModelArgs::load_with`] the default precision ([`Precision::Exact`]).
+    /// [`ModelArgs::load_with`] the default precision ([`Precision::Balanced`]).
     pub fn load(&self) -> Result<Arc<Model>, CliError> {
         self.load_with(Precision::default())
     }

@@ -401,10 +401,13 @@ fn int_bound(
     let mut out = Vec::with_capacity(t * rows);
     for j in 0..t {
         let x = &v[j * cols..(j + 1) * cols];
-        let d: Vec<f64> = x
-            .chunks(32)
-            .map(|g| g.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0)
-            .collect();
+        let absmax = |g: &[f32]| g.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
+        // Balanced takes one scale per token, Fast one per group.
+        let d: Vec<f64> = if p == Precision::Balanced {
+            vec![absmax(x); cols.div_ceil(32)]
+        } else {
+            x.chunks(32).map(absmax).collect()
+        };
         for r in 0..rows {
             let wr = &w[r * cols..(r + 1) * cols];
             let (mut exact, mut quant, mut mag) = (0f64, 0f64, 0f64);
@@ -611,9 +614,41 @@ fn int_paths_fall_back_to_exact_without_an_integer_kernel() {
 
 #[test]
 fn precision_names_round_trip() {
-    assert_eq!(Precision::default(), Precision::Exact);
+    assert_eq!(Precision::default(), Precision::Balanced);
     for p in Precision::ALL {
         assert_eq!(Precision::parse(p.name()), Some(p));
     }
     assert_eq!(Precision::parse("int4"), None);
+}
+
+#[test]
+fn balanced_row_scaled_sums_are_exact_and_do_not_overflow() {
+    // All weights and activations at full scale: every product is the largest the codes
+    // allow (127·32512), so a row's sum passes i32 from 17 groups on and lanes summing
+    // many groups would wrap. Past two chunks of groups (4160 columns) the sum must still
+    // be `cols`, and
+    // every kernel must give the scalar's value bit for bit (the sums are exact).
+    for dtype in [DType::Q8Row, DType::Q8_2f] {
+        for cols in [96u64, 2080, 4160, 4133] {
+            let shape = [5u64, cols];
+            let ones = vec![1f32; (5 * cols) as usize];
+            let bytes = encode(dtype, &shape, &ones, &EncodeOptions::default()).unwrap();
+            let x = vec![1f32; 3 * cols as usize];
+            let mut want: Option<Vec<u32>> = None;
+            for k in Kernel::available() {
+                let mut m = Matrix::new(dtype, &shape, &bytes).unwrap();
+                m.set_kernel(k).unwrap();
+                let mut y = vec![f32::NAN; 3 * 5];
+                matmul_with(&m, &bytes, &x, 3, &mut y, Precision::Balanced);
+                for v in &y {
+                    assert!(
+                        (*v as f64 - cols as f64).abs() <= 1e-3 * cols as f64,
+                        "{dtype} {k:?} cols {cols}: {v}"
+                    );
+                }
+                let bits: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(*want.get_or_insert(bits.clone()), bits, "{dtype} {k:?}");
+            }
+        }
+    }
 }

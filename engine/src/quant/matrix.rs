@@ -153,15 +153,17 @@ impl Matrix {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Precision {
     /// f32 activations and the weights exactly as [`super::decode`] yields them: equal to
-    /// dequantize-then-f32-dot up to f32 rounding. The parity path, and the default.
-    #[default]
+    /// dequantize-then-f32-dot up to f32 rounding. The parity path.
     Exact,
-    /// Activations quantized per group of 32 in two int8 levels, the codes
-    /// and their rounding residual (`x ≈ d·(q + q₂/256)`, each element within about
-    /// `absmax/65000` of its value: an outlier in the group no longer flattens the other
-    /// elements), integer dot products on the stored weight bytes (AVX-512 VNNI, AVX2),
-    /// combined exactly in integers. For the dtypes of [`Precision::Fast`]; the others
-    /// compute [`Precision::Exact`].
+    /// The default. Activations quantized per token in two int8 levels, the codes and
+    /// their rounding residual (`x ≈ d·(q + q₂/256)`, `d = absmax/127` of the token: each
+    /// element within about `absmax/65000` of its value, an int16 code), integer dot
+    /// products on the stored weight bytes (AVX-512 VNNI, AVX2) summed exactly in
+    /// integers: a `q8` row in one integer sum, a `q4` group at a time. Within DESIGN.md's
+    /// contract for quantized activations on the real models (see
+    /// [`super::kernel::QuantizedActs`]). For the dtypes of [`Precision::Fast`]; the
+    /// others compute [`Precision::Exact`].
+    #[default]
     Balanced,
     /// One int8 level per group of 32 (`d = absmax/127`, so each moves by at most `d/2`),
     /// integer dot products, one f32 multiply-add per group: the least integer work, and
