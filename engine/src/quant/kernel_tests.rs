@@ -591,7 +591,7 @@ fn int_paths_fall_back_to_exact_without_an_integer_kernel() {
         DType::F32,
         DType::Bf16,
         DType::Vbit,
-        DType::Q1t,
+        DType::Q1s,
         DType::Q4Block,
     ] {
         // q4_block with cols % 32 != 0 has no integer kernel either.

@@ -12,7 +12,8 @@
 //!
 //! How: the fused kernels of the family modules (`f32`, `f16`, `bf16`, `q8_row`, `q8_2f`,
 //! `q4_block`, `q4_tiled`, `q4tp`; see [`super::kernel`]) decode 32 weights at a time in
-//! registers. The other layouts (`vbit`, `vbit_ro`, `q1`, `q1s`, `q1t`, and `q4_block` /
+//! registers; `q1t` has kernels of its own ([`super::q1t_kernel`]). The other layouts
+//! (`vbit`, `vbit_ro`, `q1`, `q1s`, and `q4_block` /
 //! `q4_tiled` when `cols % 32 != 0`) decode a row into a per-thread scratch buffer (grown
 //! once, never per call) and run the `f32` kernel over it; `vbit` row starts and the `q1s`
 //! overlay rows are indexed once by [`Matrix::new`], so every row costs O(row).
@@ -22,7 +23,7 @@
 //! the sum); only the summation order differs from a naive dot. [`Precision::Balanced`]
 //! and [`Precision::Fast`] ([`matvec_with`], [`matmul_with`]) quantize the
 //! activations per group of 32 to int8 — two levels, the codes and their residual, or
-//! one — and use integer dot products for the `q8` and `q4` dtypes. For one [`Kernel`]
+//! one — and use integer dot products for the `q8`, `q4` and `q1t` dtypes. For one [`Kernel`]
 //! and precision, `matmul` gives bit for bit the values of `t` separate `matvec`s
 //! (prefill and decode agree exactly).
 //!
@@ -38,6 +39,7 @@ use rayon::prelude::*;
 use super::f16s::{DecodedRows, F32Rows, HalfRows};
 use super::kernel::{run, run_int, ActOrder, IntRows, QToken, QuantizedActs, Rows};
 use super::q1::{self, Q1sRowIndex};
+use super::q1t_kernel::{self, Q1tActs, Q1tOverlay, Q1tProduct};
 use super::q4::{Q4Rows, Q4tpRows, GROUP};
 use super::q8::{Q8Layout, Q8Rows};
 use super::{decode_row, geometry, validate, vbit, Geom, QuantError};
@@ -68,6 +70,8 @@ enum RowIndex {
     Vbit(Vec<usize>),
     /// `q1s`: overlay entries by row.
     Q1s(Q1sRowIndex),
+    /// `q1t`: where the overlay lies, its shadowed entries.
+    Q1t(Q1tOverlay),
 }
 
 impl Matrix {
@@ -87,6 +91,7 @@ impl Matrix {
         let index = match dtype {
             DType::Vbit | DType::VbitRo => RowIndex::Vbit(vbit::row_starts(g, bytes).map_err(bad)?),
             DType::Q1s => RowIndex::Q1s(Q1sRowIndex::new(g, bytes).map_err(bad)?),
+            DType::Q1t => RowIndex::Q1t(Q1tOverlay::new(g, bytes).map_err(bad)?),
             _ => RowIndex::None,
         };
         Ok(Matrix {
@@ -122,9 +127,13 @@ impl Matrix {
     /// decoded scratch row.
     pub fn is_fused(&self) -> bool {
         match self.dtype {
-            DType::F32 | DType::F16 | DType::Bf16 | DType::Q8Row | DType::Q8_2f | DType::Q4tp => {
-                true
-            }
+            DType::F32
+            | DType::F16
+            | DType::Bf16
+            | DType::Q8Row
+            | DType::Q8_2f
+            | DType::Q4tp
+            | DType::Q1t => true,
             DType::Q4Block | DType::Q4Tiled => self.cols.is_multiple_of(GROUP),
             _ => false,
         }
@@ -141,7 +150,7 @@ impl Matrix {
                 vbit::decode_row_from(self.dtype, g, bytes, r, starts[r], out)
             }
             RowIndex::Q1s(index) => q1::decode_q1s_row_indexed(g, bytes, index, r, out),
-            RowIndex::None => {
+            RowIndex::None | RowIndex::Q1t(_) => {
                 decode_row(self.dtype, &self.shape, bytes, r, out).map_err(|e| e.to_string())
             }
         }
@@ -159,8 +168,9 @@ pub enum Precision {
     /// their rounding residual (`x ≈ d·(q + q₂/256)`, `d = absmax/127` of the token: each
     /// element within about `absmax/65000` of its value, an int16 code), integer dot
     /// products on the stored weight bytes (AVX-512 VNNI, AVX2) summed exactly in
-    /// integers: a `q8` row in one integer sum, a `q4` group at a time. Within DESIGN.md's
-    /// contract for quantized activations on the real models (see
+    /// integers: a `q8` row in one integer sum, a `q4` or `q1t` group at a time (`q1t`'s
+    /// kernels dot both levels against the ternary codes, see [`super::q1t_kernel`]).
+    /// Within DESIGN.md's contract for quantized activations on the real models (see
     /// [`super::kernel::QuantizedActs`]). For the dtypes of [`Precision::Fast`]; the
     /// others compute [`Precision::Exact`].
     #[default]
@@ -168,7 +178,7 @@ pub enum Precision {
     /// One int8 level per group of 32 (`d = absmax/127`, so each moves by at most `d/2`),
     /// integer dot products, one f32 multiply-add per group: the least integer work, and
     /// the accuracy that a group's outlier leaves. For `q8_row`, `q8_2f`, `q4_tiled`,
-    /// `q4_block` (`cols % 32 == 0`) and `q4tp`; other dtypes compute
+    /// `q4_block` (`cols % 32 == 0`), `q4tp` and `q1t`; other dtypes compute
     /// [`Precision::Exact`].
     Fast,
 }
@@ -236,7 +246,7 @@ trait WithRows<const R: usize> {
 /// The activation order of `m`'s integer kernel, if it has one.
 fn int_order(m: &Matrix) -> Option<ActOrder> {
     match m.dtype {
-        DType::Q8Row | DType::Q8_2f => Some(ActOrder::Natural),
+        DType::Q8Row | DType::Q8_2f | DType::Q1t => Some(ActOrder::Natural),
         DType::Q4Block | DType::Q4Tiled if m.is_fused() => Some(ActOrder::NibblePairs),
         DType::Q4tp => Some(ActOrder::NibblePairs),
         _ => None,
@@ -305,6 +315,7 @@ pub fn reserve_thread_buffers(max_cols: usize, max_tokens: usize) {
                 qa.reserve(max_cols, max_tokens)
             }
         });
+        q1t_kernel::reserve_thread(max_cols, max_tokens);
     });
 }
 
@@ -359,9 +370,9 @@ fn block<const R: usize, V: WithRows<R>>(
 
 /// Weight rows per block: four independent accumulators per activation hide the FMA
 /// latency, and an activation vector, once loaded, serves four rows.
-const BLOCK_ROWS: usize = 4;
+pub(super) const BLOCK_ROWS: usize = 4;
 /// Activations per block in `matmul`: a weight row is decoded once per 4 tokens.
-const BLOCK_TOKENS: usize = 4;
+pub(super) const BLOCK_TOKENS: usize = 4;
 
 /// `y[r] = Σ_c W[r, c]·x[c]`; `x.len() == cols`, `y.len() == rows`.
 pub fn matvec(m: &Matrix, bytes: &[u8], x: &[f32], y: &mut [f32]) {
@@ -554,19 +565,66 @@ fn rows_of<const R: usize>(rows: Option<&[u32]>, k: usize) -> [usize; R] {
 }
 
 fn matvec_impl(m: &Matrix, bytes: &[u8], acts: Acts, rows: Option<&[u32]>, y: &mut [f32]) {
-    // Enough work per chunk to amortise a task (~32k weights), and otherwise as few
-    // chunks as keep every thread busy (two per thread, for balance): a chunk is one
-    // sequential stream through memory, and each new stream costs prefetcher warm-up.
-    let n = y.len();
-    let balanced = n.div_ceil(2 * rayon::current_num_threads().max(1));
-    let chunk = 32768usize
-        .div_ceil(m.cols.max(1))
-        .max(balanced)
-        .next_multiple_of(BLOCK_ROWS)
-        .min(n.next_multiple_of(BLOCK_ROWS));
+    if let Some(cx) = q1t_product(m, bytes, acts, 1, rows) {
+        return q1t_kernel::matvec(&cx, y);
+    }
+    let chunk = matvec_chunk(y.len(), m.cols);
     y.par_chunks_mut(chunk)
         .enumerate()
         .for_each(|(c, ys)| matvec_rows(m, bytes, acts, rows, c * chunk, ys));
+}
+
+/// Outputs per task of a matvec with `n` outputs of `cols` columns (a multiple of 4): enough
+/// work per chunk to amortise a task (~32k weights), and otherwise as few chunks as keep
+/// every thread busy (two per thread, for balance): a chunk is one sequential stream
+/// through memory, and each new stream costs prefetcher warm-up.
+pub(super) fn matvec_chunk(n: usize, cols: usize) -> usize {
+    let balanced = n.div_ceil(2 * rayon::current_num_threads().max(1));
+    32768usize
+        .div_ceil(cols.max(1))
+        .max(balanced)
+        .next_multiple_of(BLOCK_ROWS)
+        .min(n.next_multiple_of(BLOCK_ROWS))
+}
+
+/// How a matmul with `n` outputs of `cols` columns (`row_bytes` bytes of weights each)
+/// splits: outputs per task (a multiple of 4; their rows fit L2, and there are four
+/// tasks per thread) and tokens per block (that fit L2 too).
+pub(super) fn matmul_split(n: usize, cols: usize, row_bytes: usize) -> (usize, usize) {
+    let by_cache = (256 << 10) / row_bytes.max(1);
+    let by_balance = n.div_ceil(4 * rayon::current_num_threads());
+    let chunk = by_cache.min(by_balance).max(1).next_multiple_of(BLOCK_ROWS);
+    let tok_block = ((256 << 10) / (4 * cols.max(1)))
+        .max(1)
+        .next_multiple_of(BLOCK_TOKENS);
+    (chunk, tok_block)
+}
+
+/// The product of `m` over `acts` (`t` tokens, outputs `sel`) for the `q1t` kernels, if
+/// `m` is `q1t`.
+fn q1t_product<'a>(
+    m: &'a Matrix,
+    bytes: &'a [u8],
+    acts: Acts<'a>,
+    t: usize,
+    sel: Option<&'a [u32]>,
+) -> Option<Q1tProduct<'a>> {
+    let RowIndex::Q1t(ov) = &m.index else {
+        return None;
+    };
+    let acts = match acts {
+        Acts::F32(x) => Q1tActs::F32(&x[..t * m.cols]),
+        Acts::Int(q) => Q1tActs::Int(q),
+    };
+    Some(Q1tProduct {
+        g: m.geom,
+        k: m.kernel,
+        ov,
+        bytes,
+        acts,
+        t,
+        sel,
+    })
 }
 
 /// Outputs `k0 .. k0 + ys.len()` of a matvec (rows `row_of(rows, k)`).
@@ -621,21 +679,29 @@ fn matvec_rows(
 /// `y` of a `matmul`, shared by its tasks: each task owns a disjoint set of weight rows
 /// and writes only their entries `y[i, r]`, so no entry is written twice or read.
 #[derive(Clone, Copy)]
-struct Out {
+pub(super) struct Out {
     ptr: *mut f32,
     len: usize,
 }
 
-// SAFETY: `Out` is only used inside `matmul`, which holds the `&mut` of the buffer for
-// the whole parallel section; tasks write disjoint entries (see `Out::write`).
+// SAFETY: `Out` is only used inside the matmuls (this module's and `q1t_kernel`'s), which
+// hold the `&mut` of the buffer for the whole parallel section; tasks write disjoint
+// entries (see `Out::write`).
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
 impl Out {
+    pub(super) fn new(y: &mut [f32]) -> Out {
+        Out {
+            ptr: y.as_mut_ptr(),
+            len: y.len(),
+        }
+    }
+
     /// # Safety
     /// No other thread accesses entry `i` during the write.
     #[inline]
-    unsafe fn write(self, i: usize, v: f32) {
+    pub(super) unsafe fn write(self, i: usize, v: f32) {
         assert!(i < self.len);
         *self.ptr.add(i) = v;
     }
@@ -696,18 +762,12 @@ fn matmul_sel(
 }
 
 fn matmul_impl(m: &Matrix, bytes: &[u8], acts: Acts, t: usize, sel: Option<&[u32]>, y: &mut [f32]) {
+    if let Some(cx) = q1t_product(m, bytes, acts, t, sel) {
+        return q1t_kernel::matmul(&cx, y);
+    }
     let n = y.len() / t;
-    let row_bytes = (m.nbytes / m.rows).max(1);
-    let by_cache = (256 << 10) / row_bytes;
-    let by_balance = n.div_ceil(4 * rayon::current_num_threads());
-    let chunk = by_cache.min(by_balance).max(1).next_multiple_of(BLOCK_ROWS);
-    let tok_block = ((256 << 10) / (4 * m.cols.max(1)))
-        .max(1)
-        .next_multiple_of(BLOCK_TOKENS);
-    let out = Out {
-        ptr: y.as_mut_ptr(),
-        len: y.len(),
-    };
+    let (chunk, tok_block) = matmul_split(n, m.cols, m.nbytes / m.rows);
+    let out = Out::new(y);
     (0..n.div_ceil(chunk)).into_par_iter().for_each(move |c| {
         let outs = c * chunk..((c + 1) * chunk).min(n);
         for j0 in (0..t).step_by(tok_block) {

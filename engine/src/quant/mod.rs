@@ -29,6 +29,7 @@ pub mod f16s;
 pub mod kernel;
 pub mod matrix;
 pub mod q1;
+mod q1t_kernel;
 pub mod q4;
 pub mod q8;
 pub mod rows;
@@ -50,6 +51,8 @@ mod fixture_tests;
 mod kernel_tests;
 #[cfg(test)]
 mod prop_tests;
+#[cfg(test)]
+mod q1t_kernel_tests;
 
 use crate::format::dtype::{numel, DType, Size};
 use half::f16;

@@ -1,0 +1,1394 @@
+//! Products over `q1t` weights (ternary, 1.58 bits): the matrix-vector (decode) and
+//! matrix-matrix (prefill) kernels [`super::matrix`] runs for this dtype.
+//!
+//! ```text
+//! row r: cols/32 tiles [f16 s][7 bytes]; weight k of a tile: code (byte[k/5] / 3^(k%5)) % 3
+//!        → 0, +s, −s (byte 6 holds codes 30 and 31; bytes 243..=255 decode by the formula)
+//! then   u32 row_ptr[rows+1], entries [u16 col][f16 value]: the value replaces the element
+//! ```
+//!
+//! # How
+//!
+//! Base weights are decoded from the tiles in registers, never into a scratch row, by
+//! base-3 digit extraction; the overlay is applied afterwards per row as the correction
+//! `(value − base)·x[col]` (an entry shadowed by a later one of the same element is
+//! skipped: later wins, as in [`super::decode`]).
+//!
+//! - [`Precision::Exact`](super::matrix::Precision::Exact) (f32 activations): [`Q1tRows`]
+//!   decodes a tile to its 32 f32 weights and runs the shared f32 loops of
+//!   [`super::kernel`]. The digit of weight `k` is `((b·⌈2¹⁶/3^(a+1)⌉) mod 2¹⁶)·3 >> 16`
+//!   for `b = byte[k/5]`, `a = k%5` — two 16-bit multiplies per 32 codes, exact for all
+//!   256 byte values — and `vpermps` turns the digits into `{0, s, −s}` with a 3-entry
+//!   table built per tile.
+//! - [`Precision::Fast`](super::matrix::Precision::Fast) and
+//!   [`Precision::Balanced`](super::matrix::Precision::Balanced) (activations int8 per
+//!   group of 32, one level or two, as for `q8`/`q4`): on AVX-512 with VBMI and VNNI, a
+//!   *digit-major* kernel. Eight tiles at a time, the 7 code bytes of each tile are
+//!   gathered into one 64-byte vector (a lane per byte, 8 per tile), and each of the 5
+//!   digit positions is looked up for all 64 bytes at once: `b = 81·q + r` by two byte
+//!   compares and masked subtracts, digits 0..3 from a 128-entry byte table of `r` each
+//!   (one `vpermi2b`), digit 4 from `q`: 4 permutes per 256 weights, against 16
+//!   multiplies + 8 byte permutes by arithmetic (a 256-entry table per digit, two
+//!   `vpermi2b` each, measured 25 % slower). The tables give `code + 1 ∈ {0,1,2}`, which
+//!   `vpdpbusd` multiplies with the activations laid out in the same digit-major order
+//!   ([`DmActs`], built once per thread from the quantized activations); the
+//!   activations' `−Σx` per 4-byte lane starts each dot, so `Σ(code + 1)·x − Σx = Σ code·x`.
+//!   `Balanced` lays out the residual codes `q₂` the same way and runs the same five
+//!   `vpdpbusd` over them with the same digit vectors, combining the two lane sums as the
+//!   shared kernels do, `(dot << SPLIT_SHIFT) + dot₂`, exact in integers (a lane sums 20
+//!   codes: below 2²⁰). The digit lookups, the loads of the weights and the scales are
+//!   shared, so the second level costs five multiply-adds and loads per token and step.
+//!   Elsewhere (AVX2, scalar, AVX-512 without VBMI/VNNI) the codes are extracted as
+//!   int8 by the multiplies above and run through the shared integer kernel, which
+//!   handles both levels itself.
+//!
+//! Why not lookup tables of partial sums (T-MAC / bitnet.cpp)? They were measured (one
+//! core of the 2-core AVX-512 VM this was written on, SPR, busy with other builds, so
+//! the ratios matter more than the values; Gweights/s, 48 MiB of weights cycled):
+//!
+//! | kernel (`rows × cols`)                          | 1536×576 | 576×1536 | 4864×896 | 896×4864 |
+//! |-------------------------------------------------|---------:|---------:|---------:|---------:|
+//! | f32 table `LUT[chunk][byte]`, AVX-512 gather     |  6.7     |  4.3     |  3.5     |  5.3     |
+//! | same, 64 rows per table block (L1 reuse)         |  6.5     |  4.2     |  3.1     |  4.0     |
+//! | digits by multiplies → f32 FMA (this `Exact`)    |  8.8     |  8.2     |  4.7–6.7 |  7.9     |
+//! | digits by multiplies → int8 `vpdpbusd`           |  5.9     |  7.8     |  6.7     |  9.1     |
+//! | digit-major byte tables → `vpdpbusd` (`Fast`)    |  6.6     | 10.7     |  8.8     | 12.9     |
+//!
+//! With the tile layout the bytes of one row sit side by side, so every lane of a vector
+//! needs its own table (the tables of a row's 5-weight chunks): only a gather can look
+//! them up, at 16 loads per 16 bytes, and the tables (7 KiB per 32 columns in f32, built
+//! per token) outgrow L1 from 224 columns on. T-MAC avoids both by interleaving rows so
+//! that one in-register table serves all lanes; that needs a repacked copy of the
+//! weights. Digit extraction reads each byte once and keeps everything in registers.
+//!
+//! Numerics: `Exact` uses each base weight exactly as decoded (`±s` or 0), so it equals
+//! dequantize-then-f32-dot up to f32 rounding (the overlay correction adds two roundings
+//! per entry). `Fast` sums exact integer group dots (`|Σ| ≤ 32·127`) times `s·d` in f32;
+//! its overlay correction uses the dequantized activations `q·d`, like the base.
+//! `Balanced` is the same over `x̂ = (256·q + q₂)·d'` (`d' = d/256`, exact in f32), so it
+//! equals `Σ w·x̂` up to the same f32 rounding. For a
+//! given [`Kernel`], a (row, token) value does not depend on how many rows or tokens
+//! share a block, so `matmul` equals `t` `matvec`s bit for bit.
+//!
+//! Threads and memory: rows are split over the rayon pool like the other dtypes; `Exact`
+//! needs no buffer, and the integer paths' digit-major activations live in a per-thread buffer
+//! (grown once, see [`reserve_thread`]) rebuilt only when the quantized activations
+//! change (compared by content), so the parts of a fused product (q/k/v) share it.
+//! A scale of ±∞ is the one place the correction differs from decoding: `∞ − ∞`.
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use rayon::prelude::*;
+
+use super::kernel::{self, h2f_scalar, le16, IntRowsScalar, Kernel, QToken, QuantizedActs};
+use super::kernel::{RowsScalar, SPLIT_SHIFT, STEP};
+// Rows and tokens per register tile, as in `matrix`.
+use super::matrix::{matmul_split, matvec_chunk, Out, BLOCK_ROWS, BLOCK_TOKENS};
+use super::q1::{validate_q1t, Q1T_ENTRY, Q1T_TILE};
+use super::Geom;
+
+/// Bytes a SIMD load may read past a row's last tile (16 bytes from a 9-byte tile's
+/// start). Every payload has them: `row_ptr` (at least 8 bytes) follows the tiles.
+const SLACK: usize = 7;
+/// Rows of a task prefetched before it starts (the kernels then prefetch two blocks of
+/// rows ahead).
+const PREFETCH_ROWS: usize = 2 * BLOCK_ROWS;
+/// Powers of 3, the digit weights of a byte.
+const POW3: [usize; 5] = [1, 3, 9, 27, 81];
+
+/// `⌈2¹⁶ / 3^(a+1)⌉`: for every byte `b`, `((b·DIV[a]) mod 2¹⁶)·3 >> 16` is its digit `a`,
+/// `(b / 3^a) % 3`. (`b·DIV[a] = 2¹⁶·b/3^(a+1) + b·δ` with `b·δ < 2¹⁶/3⁵`, so the low
+/// 16 bits are `2¹⁶·frac(b/3^(a+1))` plus less than `3·255/2¹⁶` of a digit; checked for
+/// all 256 bytes by the tests.)
+pub(super) const DIV: [u16; 5] = [21846, 7282, 2428, 810, 270];
+
+/// Digit `a` of byte `b`: the spec's formula.
+#[inline(always)]
+fn trit(b: u8, a: usize) -> usize {
+    (b as usize / POW3[a]) % 3
+}
+
+// ---- the overlay ---------------------------------------------------------------------------
+
+/// What a `q1t` matrix's overlay needs at product time, computed once at load
+/// ([`super::matrix::Matrix::new`]): where it lies, and per entry the correction factor
+/// `value − base`, so that a product adds `Σ delta·x[col]` per row without decoding the
+/// base weights under the entries again (that decoding, per token, doubled the
+/// instructions of a decode step at the default 0.5 % of entries). 4 bytes per entry,
+/// about 0.02 bytes per weight at that density (the file holds 0.3).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Q1tOverlay {
+    /// Byte offset of `row_ptr`.
+    row_ptr: usize,
+    /// Byte offset of the entries.
+    entries: usize,
+    /// Per entry: `value − base` in f32, or 0 when a later entry of the same row and
+    /// column overrides it (the spec allows repeats, the later wins, as for `q1s`).
+    delta: Vec<f32>,
+}
+
+impl Q1tOverlay {
+    /// Validates a `q1t` payload and computes its entries' corrections: O(entries + cols).
+    pub(crate) fn new(g: Geom, bytes: &[u8]) -> Result<Q1tOverlay, String> {
+        let l = validate_q1t(g, bytes)?;
+        let mut ov = Q1tOverlay {
+            row_ptr: l.row_ptr,
+            entries: l.entries,
+            delta: vec![0.0; l.count],
+        };
+        // Per column: (row + 1, entry) of the last entry seen in that column.
+        let mut last = vec![(0usize, 0usize); if l.count > 1 { g.cols } else { 0 }];
+        let mut base = [0f32; STEP];
+        for r in 0..g.rows {
+            let es = ov.range(bytes, r);
+            if es.is_empty() {
+                continue;
+            }
+            let d = Q1tRows::<1>::new_at(g, bytes, [r]);
+            for e in es {
+                let at = ov.entries + e * Q1T_ENTRY;
+                let col = le16(bytes, at) as usize;
+                d.decode32(0, col / STEP, &mut base);
+                ov.delta[e] = h2f_scalar(le16(bytes, at + 2)) - base[col % STEP];
+                if let Some(seen) = last.get_mut(col) {
+                    if seen.0 == r + 1 {
+                        ov.delta[seen.1] = 0.0;
+                    }
+                    *seen = (r + 1, e);
+                }
+            }
+        }
+        Ok(ov)
+    }
+
+    /// Entries of row `r` (a validated payload).
+    #[inline(always)]
+    fn range(&self, bytes: &[u8], r: usize) -> Range<usize> {
+        let at = self.row_ptr + 4 * r;
+        let rd = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap()) as usize;
+        rd(at)..rd(at + 4)
+    }
+
+    /// Row `r`'s entries (4 bytes each: `[u16 col][f16 value]`) and their corrections.
+    #[inline(always)]
+    fn row<'b>(&'b self, bytes: &'b [u8], r: usize) -> (&'b [u8], &'b [f32]) {
+        let es = self.range(bytes, r);
+        let at = self.entries + es.start * Q1T_ENTRY..self.entries + es.end * Q1T_ENTRY;
+        (&bytes[at], &self.delta[es])
+    }
+
+    /// Adds row `r`'s overlay corrections `delta·x[col]` to `out[j]` for each activation
+    /// `xs[j]`, entries in file order.
+    #[inline(always)]
+    fn correct<A: ActAt, const T: usize>(
+        &self,
+        bytes: &[u8],
+        r: usize,
+        xs: &[A; T],
+        out: &mut [f32; T],
+    ) {
+        let es = self.range(bytes, r);
+        if es.is_empty() {
+            return;
+        }
+        let cols = &bytes[self.entries + es.start * Q1T_ENTRY..self.entries + es.end * Q1T_ENTRY];
+        for (ent, &delta) in cols.chunks_exact(Q1T_ENTRY).zip(&self.delta[es]) {
+            let col = le16(ent, 0) as usize;
+            for (o, x) in out.iter_mut().zip(xs) {
+                *o += delta * x.at(col);
+            }
+        }
+    }
+}
+
+/// Activation `col` of one token, as the overlay correction multiplies it.
+trait ActAt {
+    fn at(&self, col: usize) -> f32;
+}
+
+impl ActAt for &[f32] {
+    #[inline(always)]
+    fn at(&self, col: usize) -> f32 {
+        self[col]
+    }
+}
+
+impl ActAt for QToken<'_> {
+    /// The dequantized activation `q·d`, or `(256·q + q₂)·d` with the residual level (`d`
+    /// is then the scale over 256): what the integer base product multiplies.
+    #[inline(always)]
+    fn at(&self, col: usize) -> f32 {
+        let q = self.q[col] as i32;
+        let v = if self.split() {
+            (q << SPLIT_SHIFT) + self.q2[col] as i32
+        } else {
+            q
+        };
+        v as f32 * self.d[col / STEP]
+    }
+}
+
+// ---- a block of rows, for the shared loops ------------------------------------------------
+
+/// `R` rows of a validated `q1t` payload as the shared f32 and integer loops of
+/// [`super::kernel`] read them: each row's `cols/32` tiles of 9 bytes, contiguous, and
+/// the [`SLACK`] bytes after them (which SIMD loads may read, never use).
+pub(crate) struct Q1tRows<'a, const R: usize> {
+    tiles: [&'a [u8]; R],
+    cols: usize,
+}
+
+impl<'a, const R: usize> Q1tRows<'a, R> {
+    /// Rows `rs` (any `R` rows) of a validated payload.
+    pub fn new_at(g: Geom, bytes: &'a [u8], rs: [usize; R]) -> Self {
+        let rb = g.cols / STEP * Q1T_TILE;
+        Q1tRows {
+            tiles: std::array::from_fn(|i| &bytes[rs[i] * rb..(rs[i] + 1) * rb + SLACK]),
+            cols: g.cols,
+        }
+    }
+
+    /// Tile `blk` of row `i`.
+    #[inline(always)]
+    fn tile(&self, i: usize, blk: usize) -> &[u8] {
+        &self.tiles[i][blk * Q1T_TILE..(blk + 1) * Q1T_TILE]
+    }
+}
+
+impl<const R: usize> RowsScalar for Q1tRows<'_, R> {
+    fn cols(&self) -> usize {
+        self.cols
+    }
+
+    fn decode32(&self, i: usize, blk: usize, out: &mut [f32; STEP]) {
+        let t = self.tile(i, blk);
+        let s = h2f_scalar(le16(t, 0));
+        let vals = [0.0, s, -s];
+        for (k, o) in out.iter_mut().enumerate() {
+            *o = vals[trit(t[2 + k / 5], k % 5)];
+        }
+    }
+}
+
+impl<const R: usize> IntRowsScalar for Q1tRows<'_, R> {
+    const GROUP_SCALES: bool = true;
+
+    fn cols(&self) -> usize {
+        self.cols
+    }
+
+    fn codes32(&self, i: usize, blk: usize, out: &mut [i8; STEP]) {
+        let t = self.tile(i, blk);
+        for (k, o) in out.iter_mut().enumerate() {
+            *o = [0, 1, -1][trit(t[2 + k / 5], k % 5)];
+        }
+    }
+
+    fn group_scale(&self, i: usize, blk: usize) -> f32 {
+        h2f_scalar(le16(self.tile(i, blk), 0))
+    }
+
+    fn int_post(&self, _i: usize) -> f32 {
+        1.0
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    //! Digit extraction by multiplies (AVX2, AVX-512 BW), and the digit-major integer kernel
+    //! (AVX-512 VBMI + VNNI).
+
+    use super::*;
+    use crate::quant::kernel::{h2f, IntRowsSimd, RowsAvx2, RowsAvx512};
+
+    /// Byte shuffles and multipliers that put the code byte of element `σ(q)` in 16-bit
+    /// word `q` (a 128-bit lane holds a copy of the tile, so word `q` of lane `q / 8` reads
+    /// byte `2 + σ(q)/5` of it) and extract its digit `σ(q) % 5`.
+    const fn words<const B: usize, const W: usize>(sigma: [usize; W]) -> ([u8; B], [u16; W]) {
+        let mut shuf = [0x80u8; B];
+        let mut mul = [0u16; W];
+        let mut q = 0;
+        while q < W {
+            let e = sigma[q];
+            shuf[(q / 8) * 16 + 2 * (q % 8)] = (2 + e / 5) as u8;
+            mul[q] = DIV[e % 5];
+            q += 1;
+        }
+        (shuf, mul)
+    }
+
+    /// `σ` for a 32-word vector whose low words give elements 0..16 and high words 16..32
+    /// (`vpermps` on the dwords, and on the dwords shifted by 16).
+    const fn sigma_512() -> [usize; 32] {
+        let mut s = [0; 32];
+        let mut q = 0;
+        while q < 32 {
+            s[q] = if q % 2 == 0 { q / 2 } else { 16 + q / 2 };
+            q += 1;
+        }
+        s
+    }
+
+    /// `σ` for two 16-word vectors A, B: A's low words give elements 0..8, its high words
+    /// 8..16; B's 16..24 and 24..32 (`OFF = 0` for A, 16 for B).
+    const fn sigma_256_f32<const OFF: usize>() -> [usize; 16] {
+        let mut s = [0; 16];
+        let mut q = 0;
+        while q < 16 {
+            s[q] = OFF + if q % 2 == 0 { q / 2 } else { 8 + q / 2 };
+            q += 1;
+        }
+        s
+    }
+
+    /// `σ` for two 16-word vectors A, B whose `vpackuswb` is elements 0..32 in order (it
+    /// interleaves 8 words of A and 8 of B per 128-bit lane).
+    const fn sigma_256_int<const OFF: usize>() -> [usize; 16] {
+        let mut s = [0; 16];
+        let mut q = 0;
+        while q < 16 {
+            s[q] = OFF + if q < 8 { q } else { q + 8 };
+            q += 1;
+        }
+        s
+    }
+
+    static W512: ([u8; 64], [u16; 32]) = words::<64, 32>(sigma_512());
+    static WA_F: ([u8; 32], [u16; 16]) = words::<32, 16>(sigma_256_f32::<0>());
+    static WB_F: ([u8; 32], [u16; 16]) = words::<32, 16>(sigma_256_f32::<16>());
+    static WA_I: ([u8; 32], [u16; 16]) = words::<32, 16>(sigma_256_int::<0>());
+    static WB_I: ([u8; 32], [u16; 16]) = words::<32, 16>(sigma_256_int::<8>());
+    /// f16 words `[0, s, s]` from a tile (bytes 0, 1 are `s`).
+    static SCALE_WORDS: [u8; 16] = [
+        0x80, 0x80, 0, 1, 0, 1, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80,
+    ];
+    /// Digit → signed code (`0, +1, −1`) in each 128-bit lane.
+    static CODE: [i8; 32] = [
+        0, 1, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0, 0,
+    ];
+
+    #[inline(always)]
+    unsafe fn ld256<T>(p: &T) -> __m256i {
+        _mm256_loadu_si256(p as *const T as *const __m256i)
+    }
+
+    #[inline(always)]
+    unsafe fn ld512<T>(p: &T) -> __m512i {
+        _mm512_loadu_si512(p as *const T as *const __m512i)
+    }
+
+    /// f16 words `[0, s, −s, …]` of the tile whose first 16 bytes are `t`.
+    #[inline(always)]
+    unsafe fn scale_words(t: __m128i) -> __m128i {
+        let w = _mm_shuffle_epi8(t, _mm_loadu_si128(SCALE_WORDS.as_ptr() as *const __m128i));
+        _mm_xor_si128(w, _mm_setr_epi16(0, 0, i16::MIN, 0, 0, 0, 0, 0))
+    }
+
+    /// The digits (0..=2, in 16-bit words) of the two 16-word halves `(A, B)` of a tile.
+    #[inline(always)]
+    unsafe fn digits_256(
+        p: *const u8,
+        a: &([u8; 32], [u16; 16]),
+        b: &([u8; 32], [u16; 16]),
+    ) -> (__m128i, __m256i, __m256i) {
+        let t = _mm_loadu_si128(p as *const __m128i);
+        let z = _mm256_broadcastsi128_si256(t);
+        let three = _mm256_set1_epi16(3);
+        let da = _mm256_shuffle_epi8(z, ld256(&a.0));
+        let db = _mm256_shuffle_epi8(z, ld256(&b.0));
+        let da = _mm256_mulhi_epu16(_mm256_mullo_epi16(da, ld256(&a.1)), three);
+        let db = _mm256_mulhi_epu16(_mm256_mullo_epi16(db, ld256(&b.1)), three);
+        (t, da, db)
+    }
+
+    impl<const R: usize> RowsAvx2 for Q1tRows<'_, R> {
+        #[inline(always)]
+        unsafe fn load_avx2(&self, i: usize, blk: usize) -> [__m256; 4] {
+            // In bounds: `blk < cols/32`, and the row slice has `SLACK` bytes after its
+            // last tile for the 16-byte load.
+            let p = self.tiles.get_unchecked(i).as_ptr().add(blk * Q1T_TILE);
+            let (t, da, db) = digits_256(p, &WA_F, &WB_F);
+            let tbl = _mm256_cvtph_ps(scale_words(t));
+            [
+                _mm256_permutevar8x32_ps(tbl, da),
+                _mm256_permutevar8x32_ps(tbl, _mm256_srli_epi32::<16>(da)),
+                _mm256_permutevar8x32_ps(tbl, db),
+                _mm256_permutevar8x32_ps(tbl, _mm256_srli_epi32::<16>(db)),
+            ]
+        }
+    }
+
+    impl<const R: usize> RowsAvx512 for Q1tRows<'_, R> {
+        #[inline(always)]
+        unsafe fn load_avx512(&self, i: usize, blk: usize) -> [__m512; 2] {
+            // In bounds: as in `load_avx2`.
+            let p = self.tiles.get_unchecked(i).as_ptr().add(blk * Q1T_TILE);
+            let t = _mm_loadu_si128(p as *const __m128i);
+            let w = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(t), ld512(&W512.0));
+            let d = _mm512_mulhi_epu16(_mm512_mullo_epi16(w, ld512(&W512.1)), _mm512_set1_epi16(3));
+            // Lanes 8..16 of the table are never indexed (digits ≤ 2).
+            let tbl = _mm512_cvtph_ps(_mm256_castsi128_si256(scale_words(t)));
+            [
+                _mm512_permutexvar_ps(d, tbl),
+                _mm512_permutexvar_ps(_mm512_srli_epi32::<16>(d), tbl),
+            ]
+        }
+
+        /// Rows are contiguous: row `i` two blocks on is `2·R` rows further (as `q4`).
+        #[inline(always)]
+        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
+            if (blk * Q1T_TILE) % 64 >= Q1T_TILE {
+                return;
+            }
+            let row = self.tiles[i].len() - SLACK;
+            let p = self.tiles[i]
+                .as_ptr()
+                .wrapping_add(blk * Q1T_TILE + 2 * R * row);
+            _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
+        }
+    }
+
+    impl<const R: usize> IntRowsSimd for Q1tRows<'_, R> {
+        #[inline(always)]
+        unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {
+            // In bounds: as in `load_avx2`.
+            let p = self.tiles.get_unchecked(i).as_ptr().add(blk * Q1T_TILE);
+            let (_, da, db) = digits_256(p, &WA_I, &WB_I);
+            _mm256_shuffle_epi8(ld256(&CODE), _mm256_packus_epi16(da, db))
+        }
+
+        #[inline(always)]
+        unsafe fn group_scale_simd(&self, i: usize, blk: usize) -> f32 {
+            h2f(le16(self.tile(i, blk), 0))
+        }
+    }
+
+    // ---- the `Exact` kernel with shared scale tables ---------------------------------------
+
+    /// Whether this CPU runs [`exact_rows`] (AVX-512 VBMI on top of [`Kernel::Avx512`]).
+    pub(super) fn exact_available() -> bool {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| Kernel::Avx512.is_available() && is_x86_feature_detected!("avx512vbmi"))
+    }
+
+    /// f16 word `l` ← the scale of tile `l % 8` of a step (words 8..16 are negated after
+    /// the conversion: `[s₀…s₇, −s₀…−s₇]`).
+    static EX_SCALE: [u8; 64] = {
+        let mut t = [0u8; 64];
+        let mut l = 0;
+        while l < 16 {
+            t[2 * l] = (9 * (l % 8)) as u8;
+            t[2 * l + 1] = (9 * (l % 8) + 1) as u8;
+            l += 1;
+        }
+        t
+    };
+
+    /// For tile `i` of a step: the `vpermps` index giving `[0, sᵢ, −sᵢ]` (lane 0 masked).
+    static EX_TABLE: [[i32; 16]; 8] = {
+        let mut t = [[0i32; 16]; 8];
+        let mut i = 0;
+        while i < 8 {
+            t[i][1] = i as i32;
+            t[i][2] = 8 + i as i32;
+            i += 1;
+        }
+        t
+    };
+
+    /// Where the overlay reads a token's activations. (A trait with `#[inline(always)]`
+    /// methods, not a closure: a closure body is a function of its own, without the
+    /// caller's target features, and its intrinsics would become calls if it were not
+    /// inlined.)
+    trait Gather {
+        /// The activations at columns `cols` (lanes of `k`; the others 0).
+        unsafe fn gather(&self, cols: __m512i, k: __mmask16) -> __m512;
+        /// The activation at column `col`.
+        unsafe fn at(&self, col: usize) -> f32;
+    }
+
+    impl Gather for &[f32] {
+        #[inline(always)]
+        unsafe fn gather(&self, cols: __m512i, k: __mmask16) -> __m512 {
+            _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), k, cols, self.as_ptr())
+        }
+        #[inline(always)]
+        unsafe fn at(&self, col: usize) -> f32 {
+            *self.get_unchecked(col)
+        }
+    }
+
+    impl Gather for DmTok {
+        #[inline(always)]
+        unsafe fn at(&self, col: usize) -> f32 {
+            // `q` is 3 bytes early (see `DmActs::token`).
+            let q = *self.q[0].add(col + 3) as i32;
+            let v = if self.split {
+                (q << SPLIT_SHIFT) + *self.q[1].add(col + 3) as i32
+            } else {
+                q
+            };
+            v as f32 * *self.dg.add(col / STEP)
+        }
+
+        /// The dequantized activations `q·d` (`(256·q + q₂)·d` with the residual level),
+        /// as [`ActAt`] computes them.
+        #[inline(always)]
+        unsafe fn gather(&self, cols: __m512i, k: __mmask16) -> __m512 {
+            let mut q = gather_codes(self.q[0], cols, k);
+            if self.split {
+                let q2 = gather_codes(self.q[1], cols, k);
+                q = _mm512_add_epi32(_mm512_slli_epi32::<{ SPLIT_SHIFT as u32 }>(q), q2);
+            }
+            let at = _mm512_srli_epi32::<5>(cols);
+            let d = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), k, at, self.dg);
+            _mm512_mul_ps(_mm512_cvtepi32_ps(q), d)
+        }
+    }
+
+    /// The codes at columns `cols` (lanes of `k`), sign-extended: the dword at `q + col`
+    /// ends with code `col` (`q` is 3 bytes early).
+    #[inline(always)]
+    unsafe fn gather_codes(q: *const i8, cols: __m512i, k: __mmask16) -> __m512i {
+        let z = _mm512_setzero_si512();
+        _mm512_srai_epi32::<24>(_mm512_mask_i32gather_epi32::<1>(
+            z,
+            k,
+            cols,
+            q as *const i32,
+        ))
+    }
+
+    /// Adds one row's overlay, `Σ delta·x[col]` over its entries `ent` (`[u16 col][f16]`
+    /// each) with corrections `delta`, into the accumulators `acc[j]` of the tokens `xs[j]`
+    /// (before their horizontal sum): up to 8 entries (most rows at the encoder's default
+    /// density) one by one into lane 0, more 16 at a time by gathers.
+    #[inline(always)]
+    unsafe fn overlay<X: Gather, const T: usize>(
+        ent: &[u8],
+        delta: &[f32],
+        acc: &mut [__m512; T],
+        xs: &[X; T],
+    ) {
+        let n = delta.len();
+        if n == 0 {
+            return;
+        }
+        if n <= 8 {
+            let mut c = [0f32; T];
+            for e in 0..n {
+                let col =
+                    u16::from_le_bytes([*ent.get_unchecked(4 * e), *ent.get_unchecked(4 * e + 1)]);
+                let dl = *delta.get_unchecked(e);
+                for (c, x) in c.iter_mut().zip(xs) {
+                    *c += dl * x.at(col as usize);
+                }
+            }
+            for (a, c) in acc.iter_mut().zip(c) {
+                *a = _mm512_mask_add_ps(*a, 1, *a, _mm512_set1_ps(c));
+            }
+            return;
+        }
+        let mut e = 0;
+        while e < n {
+            let k: __mmask16 = if n - e >= 16 { !0 } else { (1 << (n - e)) - 1 };
+            let ev = _mm512_maskz_loadu_epi32(k, ent.as_ptr().add(Q1T_ENTRY * e) as *const i32);
+            let cols = _mm512_and_si512(ev, _mm512_set1_epi32(0xFFFF));
+            let dl = _mm512_maskz_loadu_ps(k, delta.as_ptr().add(e));
+            for (acc, x) in acc.iter_mut().zip(xs) {
+                *acc = _mm512_fmadd_ps(x.gather(cols, k), dl, *acc);
+            }
+            e += 16;
+        }
+    }
+
+    /// `Σ w·x` of `R` rows (their tiles, `groups` each; their overlays `ov`) and `T`
+    /// activations: the weights exactly as [`Q1tRows::load_avx512`] decodes them (same
+    /// digits, same `[0, s, −s]` lookup), but each row's scale tables come from one
+    /// `vpermt2b` + one conversion per 8 tiles instead of per tile, and the overlay goes
+    /// into the accumulators by gathers. Every (row, token) pair sees the same operations
+    /// whatever `R` and `T`.
+    ///
+    /// # Safety
+    /// [`exact_available`]; each `tiles[i]` holds `groups` tiles and [`SLACK`] bytes; each
+    /// `xs[j]` holds `32·groups` values.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+    pub(super) unsafe fn exact_rows<const R: usize, const T: usize>(
+        tiles: &[&[u8]; R],
+        groups: usize,
+        xs: &[&[f32]; T],
+        ov: &[(&[u8], &[f32]); R],
+    ) -> [[f32; T]; R] {
+        let shuf = ld512(&W512.0);
+        let mul = ld512(&W512.1);
+        let three = _mm512_set1_epi16(3);
+        let sidx = ld512(&EX_SCALE);
+        let neg = _mm512_mask_set1_epi32(_mm512_setzero_si512(), 0xFF00, i32::MIN);
+        let row_bytes = groups * Q1T_TILE;
+        let mut acc = [[_mm512_setzero_ps(); T]; R];
+        let mut s2 = [_mm512_setzero_ps(); R];
+        for st in 0..groups.div_ceil(DM_TILES) {
+            let first = st * DM_TILES;
+            let n = DM_TILES.min(groups - first);
+            let m = step_masks(n);
+            for (i, s2) in s2.iter_mut().enumerate() {
+                let p = tiles[i].as_ptr().add(first * Q1T_TILE);
+                let z0 = _mm512_maskz_loadu_epi8(m.0, p as *const i8);
+                let z1 = _mm512_maskz_loadu_epi8(m.1, p.add(64) as *const i8);
+                let w = _mm512_castsi512_si256(_mm512_permutex2var_epi8(z0, sidx, z1));
+                let sc = _mm512_castps_si512(_mm512_cvtph_ps(w));
+                *s2 = _mm512_castsi512_ps(_mm512_xor_si512(sc, neg));
+                if T == 1 {
+                    // Row `i` two blocks on (rows are contiguous within a task).
+                    _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(2 * R * row_bytes) as *const i8);
+                }
+            }
+            for (t, tix) in EX_TABLE.iter().enumerate().take(n) {
+                let g = first + t;
+                let tix = _mm512_loadu_si512(tix.as_ptr() as *const __m512i);
+                let mut xv = [[_mm512_setzero_ps(); 2]; T];
+                for (v, x) in xv.iter_mut().zip(xs) {
+                    let p = x.as_ptr().add(g * STEP);
+                    *v = [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))];
+                }
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let p = tiles[i].as_ptr().add(g * Q1T_TILE);
+                    let t16 = _mm_loadu_si128(p as *const __m128i);
+                    let w = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(t16), shuf);
+                    let d = _mm512_mulhi_epu16(_mm512_mullo_epi16(w, mul), three);
+                    let tbl = _mm512_maskz_permutexvar_ps(0b110, tix, s2[i]);
+                    let wl = _mm512_permutexvar_ps(d, tbl);
+                    let wh = _mm512_permutexvar_ps(_mm512_srli_epi32::<16>(d), tbl);
+                    for (a, v) in acc.iter_mut().zip(&xv) {
+                        *a = _mm512_fmadd_ps(wl, v[0], *a);
+                        *a = _mm512_fmadd_ps(wh, v[1], *a);
+                    }
+                }
+            }
+        }
+        let mut out = [[0f32; T]; R];
+        for ((o, a), &(ent, delta)) in out.iter_mut().zip(acc.iter_mut()).zip(ov) {
+            overlay(ent, delta, a, xs);
+            for (o, a) in o.iter_mut().zip(a.iter()) {
+                *o = _mm512_reduce_add_ps(*a);
+            }
+        }
+        out
+    }
+
+    // ---- the digit-major integer kernel ---------------------------------------------------
+
+    /// Tiles per step of the digit-major kernel: 8 × 7 code bytes in a 64-byte vector.
+    pub(super) const DM_TILES: usize = 8;
+    /// Activation bytes per step and token: 5 digit planes of 64 lanes.
+    pub(super) const DM_X: usize = 5 * 64;
+    /// 32-bit lanes per step (2 per tile).
+    pub(super) const DM_LANES: usize = 16;
+
+    /// `code + 1` (0 for −1, 1 for 0, 2 for +1) of digit `a < 4` of `r < 128`.
+    static DM_TABLE: [[u8; 128]; 4] = {
+        let mut t = [[0u8; 128]; 4];
+        let mut a = 0;
+        while a < 4 {
+            let mut r = 0;
+            while r < 128 {
+                let d = (r / [1, 3, 9, 27][a]) % 3;
+                t[a][r] = [1, 2, 0][d] as u8;
+                r += 1;
+            }
+            a += 1;
+        }
+        t
+    };
+
+    /// Byte `8·i + j` ← code byte `j` of tile `i` (byte `9i + 2 + j`; lane 7 repeats
+    /// byte 0 and meets a zero activation).
+    static DM_CODE: [u8; 64] = {
+        let mut t = [0u8; 64];
+        let mut i = 0;
+        while i < 64 {
+            let (tile, j) = (i / 8, i % 8);
+            t[i] = (9 * tile + 2 + if j < 7 { j } else { 0 }) as u8;
+            i += 1;
+        }
+        t
+    };
+
+    /// f16 word `l` ← the scale of tile `l / 2` (the tile of 32-bit lane `l`).
+    static DM_SCALE: [u8; 64] = {
+        let mut t = [0u8; 64];
+        let mut l = 0;
+        while l < 16 {
+            t[2 * l] = (9 * (l / 2)) as u8;
+            t[2 * l + 1] = (9 * (l / 2) + 1) as u8;
+            l += 1;
+        }
+        t
+    };
+
+    /// Whether this CPU runs the digit-major kernel (AVX-512 VBMI and VNNI on top of
+    /// [`Kernel::Avx512`]); detected once.
+    pub(super) fn dm_available() -> bool {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            Kernel::Avx512.is_available()
+                && is_x86_feature_detected!("avx512vbmi")
+                && is_x86_feature_detected!("avx512vnni")
+        })
+    }
+
+    /// One token's digit-major activations (the first step's; step `c` is `c` strides on),
+    /// per level: `[0]` the codes, `[1]` their residual when `split` (else `[0]` again,
+    /// never read).
+    #[derive(Clone, Copy)]
+    pub(super) struct DmTok {
+        pub x: [*const i8; 2],
+        pub c: [*const i32; 2],
+        pub d: *const f32,
+        /// The token's codes, 3 bytes early: the dword at `q + col` ends with code `col`.
+        pub q: [*const i8; 2],
+        /// The token's per-group scales.
+        pub dg: *const f32,
+        pub split: bool,
+    }
+
+    /// The kernel's constants, loaded once per call.
+    struct DmConst {
+        code: __m512i,
+        scale: __m512i,
+        /// Digit `a`'s table (`a < 4`): bytes 0..64, 64..128.
+        digit: [[__m512i; 2]; 4],
+    }
+
+    #[inline(always)]
+    unsafe fn dm_const() -> DmConst {
+        let mut k = DmConst {
+            code: ld512(&DM_CODE),
+            scale: ld512(&DM_SCALE),
+            digit: [[_mm512_setzero_si512(); 2]; 4],
+        };
+        for (a, d) in k.digit.iter_mut().enumerate() {
+            let t = DM_TABLE[a].as_ptr() as *const __m512i;
+            *d = [_mm512_loadu_si512(t), _mm512_loadu_si512(t.add(1))];
+        }
+        k
+    }
+
+    /// One step (8 tiles at `p`, the first `9·n` bytes valid) of one row against `T`
+    /// tokens; with the residual level when `SPLIT`.
+    #[inline(always)]
+    unsafe fn dm_step<const T: usize, const SPLIT: bool>(
+        k: &DmConst,
+        p: *const u8,
+        masks: (u64, u64),
+        step: usize,
+        toks: &[DmTok; T],
+        acc: &mut [__m512; T],
+    ) {
+        let z0 = _mm512_maskz_loadu_epi8(masks.0, p as *const i8);
+        let z1 = _mm512_maskz_loadu_epi8(masks.1, p.add(64) as *const i8);
+        let code = _mm512_permutex2var_epi8(z0, k.code, z1);
+        let scale = _mm512_permutex2var_epi8(z0, k.scale, z1);
+        let scale = _mm512_cvtph_ps(_mm512_castsi512_si256(scale));
+        // b = 81·q + r: digits 0..3 of b are those of r = b mod 81 (also for the
+        // non-canonical b ≥ 243: b − 243 < 81), digit 4 is q mod 3. Two compares and
+        // masked subtracts find r (b ≥ 162: −162, then ≥ 81: −81; 243.. → 0..12) and q.
+        let k2 = _mm512_cmpge_epu8_mask(code, _mm512_set1_epi8(162u8 as i8));
+        let r = _mm512_mask_sub_epi8(code, k2, code, _mm512_set1_epi8(162u8 as i8));
+        let k1 = _mm512_cmpge_epu8_mask(r, _mm512_set1_epi8(81));
+        let r = _mm512_mask_sub_epi8(r, k1, r, _mm512_set1_epi8(81));
+        // (No closures around intrinsics here: a closure body is a function of its own,
+        // without this function's target features, and may not be inlined.)
+        let mut u = [_mm512_setzero_si512(); 5];
+        for (a, u) in u.iter_mut().take(4).enumerate() {
+            *u = _mm512_permutex2var_epi8(k.digit[a][0], r, k.digit[a][1]);
+        }
+        // Digit 4 + 1: q = 0 → 1, q = 1 (k1 only) → 2, q = 2 (k2 only) → 0, q = 3 → 1.
+        let u4 = _mm512_mask_mov_epi8(_mm512_set1_epi8(1), k1 & !k2, _mm512_set1_epi8(2));
+        u[4] = _mm512_mask_mov_epi8(u4, k2 & !k1, _mm512_setzero_si512());
+        for (tk, acc) in toks.iter().zip(acc.iter_mut()) {
+            let mut dot = dm_dot(&u, tk, 0, step);
+            if SPLIT {
+                // `256·Σc·q + Σc·q₂`, as the shared integer kernels combine them: a lane
+                // sums 20 codes, so `|Σc·q| ≤ 20·127` and the lane stays below 2²⁰,
+                // exact in the f32 conversion.
+                let lo = dm_dot(&u, tk, 1, step);
+                dot = _mm512_add_epi32(_mm512_slli_epi32::<{ SPLIT_SHIFT as u32 }>(dot), lo);
+            }
+            let d = _mm512_loadu_ps(tk.d.add(step * DM_LANES));
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale, d), *acc);
+        }
+    }
+
+    /// `Σ code·x` per 32-bit lane of one step against level `l` of token `tk`: the
+    /// lanes' `−Σx` plus the five digit planes' `Σ (code + 1)·x`.
+    #[inline(always)]
+    unsafe fn dm_dot(u: &[__m512i; 5], tk: &DmTok, l: usize, step: usize) -> __m512i {
+        let x = tk.x[l].add(step * DM_X);
+        let mut dot = _mm512_loadu_si512(tk.c[l].add(step * DM_LANES) as *const __m512i);
+        for (a, u) in u.iter().enumerate() {
+            let xa = _mm512_loadu_si512(x.add(64 * a) as *const __m512i);
+            dot = _mm512_dpbusd_epi32(dot, *u, xa);
+        }
+        dot
+    }
+
+    /// Masks of the two loads of a step holding `n ≤ 8` tiles.
+    #[inline(always)]
+    fn step_masks(n: usize) -> (u64, u64) {
+        let nb = Q1T_TILE * n;
+        if nb >= 64 {
+            (!0, (1u64 << (nb - 64)) - 1)
+        } else {
+            ((1u64 << nb) - 1, 0)
+        }
+    }
+
+    /// `Σ code·x` over one row's tiles (`groups` of them), plus its overlay `ov`, for `T`
+    /// tokens.
+    #[inline(always)]
+    unsafe fn dm_row<const T: usize, const SPLIT: bool>(
+        k: &DmConst,
+        tiles: &[u8],
+        groups: usize,
+        toks: &[DmTok; T],
+        ov: (&[u8], &[f32]),
+    ) -> [f32; T] {
+        debug_assert!(tiles.len() >= groups * Q1T_TILE);
+        let p = tiles.as_ptr();
+        let mut acc = [_mm512_setzero_ps(); T];
+        let full = groups / DM_TILES;
+        let step_bytes = DM_TILES * Q1T_TILE;
+        for s in 0..full {
+            // The stream a few steps on (rows are contiguous within a task).
+            _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(s * step_bytes + 768) as *const i8);
+            dm_step::<T, SPLIT>(k, p.add(s * step_bytes), (!0, 0xFF), s, toks, &mut acc);
+        }
+        if !groups.is_multiple_of(DM_TILES) {
+            let m = step_masks(groups % DM_TILES);
+            dm_step::<T, SPLIT>(k, p.add(full * step_bytes), m, full, toks, &mut acc);
+        }
+        overlay(ov.0, ov.1, &mut acc, toks);
+        let mut out = [0f32; T];
+        for (o, a) in out.iter_mut().zip(&acc) {
+            *o = _mm512_reduce_add_ps(*a);
+        }
+        out
+    }
+
+    /// The digit-major kernel's tiles: each row of a tile against its tokens, with its
+    /// overlay. Built only by [`dm_block`].
+    struct DmTile<'a> {
+        k: DmConst,
+        dm: &'a DmActs,
+    }
+
+    impl Tile for DmTile<'_> {
+        #[inline(always)]
+        fn tile<P: FnMut(usize, usize, f32), const R: usize, const T: usize>(
+            &self,
+            cx: &Q1tProduct,
+            o: usize,
+            j: usize,
+            put: &mut P,
+        ) {
+            let ts: [DmTok; T] = std::array::from_fn(|q| self.dm.token(j + q));
+            let groups = cx.g.cols / STEP;
+            let rb = groups * Q1T_TILE;
+            let mut out = [[0f32; T]; R];
+            for (out, r) in out.iter_mut().zip(cx.rows::<R>(o)) {
+                let (tiles, ov) = (&cx.bytes[r * rb..(r + 1) * rb], cx.ov.row(cx.bytes, r));
+                // SAFETY: a `DmTile` exists only inside `dm_block`, whose caller checked
+                // `dm_available()` and built `dm` from all tokens; `tiles` is a whole row.
+                *out = unsafe {
+                    if self.dm.split {
+                        dm_row::<T, true>(&self.k, tiles, groups, &ts, ov)
+                    } else {
+                        dm_row::<T, false>(&self.k, tiles, groups, &ts, ov)
+                    }
+                };
+            }
+            put_tile(o, j, &out, put);
+        }
+    }
+
+    /// Outputs `outs` of `cx` against tokens `toks` (laid out in `dm`) in the tiles of
+    /// [`Q1tProduct::tiles`], each row with its overlay; `put(output, token, value)`. The loops
+    /// inline here, inside the target features.
+    ///
+    /// # Safety
+    /// [`dm_available`]; `dm` holds all `cx.t` tokens; the payload is validated.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn dm_block<P: FnMut(usize, usize, f32)>(
+        cx: &Q1tProduct,
+        dm: &DmActs,
+        outs: Range<usize>,
+        toks: Range<usize>,
+        put: &mut P,
+    ) {
+        cx.tiles(&DmTile { k: dm_const(), dm }, outs, toks, put);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+use simd::{dm_available, DmTok, DM_LANES, DM_TILES, DM_X};
+
+#[cfg(not(target_arch = "x86_64"))]
+fn dm_available() -> bool {
+    false
+}
+#[cfg(not(target_arch = "x86_64"))]
+const DM_TILES: usize = 8;
+#[cfg(not(target_arch = "x86_64"))]
+const DM_X: usize = 5 * 64;
+#[cfg(not(target_arch = "x86_64"))]
+const DM_LANES: usize = 16;
+
+// ---- digit-major activations -------------------------------------------------------------
+
+/// Quantized activations in the digit-major order of the AVX-512 integer kernel, with the
+/// activations they were built from (the key: a product over the same activations reuses
+/// them; the overlay reads its activations there). Per level ([`DmLevel`]: the codes, and
+/// under `Balanced` their residual) and per token and step of 8 groups: `x[5][64]` and
+/// `c[16]`; per token and step `d[16]` (lane `l`: the scale of group `l / 2`).
+#[derive(Default)]
+struct DmActs {
+    key_d: Vec<f32>,
+    /// Groups and steps per token.
+    groups: usize,
+    steps: usize,
+    /// Whether level 1 (the residual codes) is filled.
+    split: bool,
+    levels: [DmLevel; 2],
+    d: Vec<f32>,
+}
+
+/// One level of [`DmActs`]: `x` (plane `a`, lane `8·i + j` = code `5j + a` of group `i`,
+/// zero where no weight is) and `c` (`−Σ` of the `x` of each 4-byte lane over the planes).
+#[derive(Default)]
+struct DmLevel {
+    /// `KEY_PAD` zeros, then the codes of every token (the overlay gathers their dwords).
+    key: Vec<i8>,
+    x: Vec<i8>,
+    c: Vec<i32>,
+}
+
+impl DmLevel {
+    fn reserve(&mut self, t: usize, groups: usize, steps: usize) {
+        let grow = |v: usize, n: usize| n.saturating_sub(v);
+        self.key
+            .reserve(grow(self.key.len(), KEY_PAD + t * groups * STEP));
+        self.x.reserve(grow(self.x.len(), t * steps * DM_X));
+        self.c.reserve(grow(self.c.len(), t * steps * DM_LANES));
+    }
+
+    /// Empties the level and zeroes room for `t` tokens of `steps` steps.
+    fn reset(&mut self, t: usize, steps: usize) {
+        self.key.clear();
+        self.key.resize(KEY_PAD, 0);
+        self.x.clear();
+        self.x.resize(t * steps * DM_X, 0);
+        self.c.clear();
+        self.c.resize(t * steps * DM_LANES, 0);
+    }
+
+    /// Whether token `j`'s key (of `n` codes) is `codes`.
+    fn holds(&self, j: usize, n: usize, codes: &[i8]) -> bool {
+        let at = KEY_PAD + j * n;
+        self.key.get(at..at + n) == Some(codes)
+    }
+
+    /// Appends token `j`'s codes (`groups` groups) and lays them out digit-major.
+    fn push(&mut self, j: usize, groups: usize, steps: usize, codes: &[i8]) {
+        self.key.extend_from_slice(codes);
+        for g in 0..groups {
+            let (s, i) = (j * steps + g / DM_TILES, g % DM_TILES);
+            let x = &mut self.x[s * DM_X..(s + 1) * DM_X];
+            let c = &mut self.c[s * DM_LANES..(s + 1) * DM_LANES];
+            for (e, &q) in codes[g * STEP..(g + 1) * STEP].iter().enumerate() {
+                let lane = 8 * i + e / 5;
+                x[64 * (e % 5) + lane] = q;
+                c[lane / 4] -= q as i32;
+            }
+        }
+    }
+}
+
+impl DmActs {
+    /// Makes room for `t` tokens of `cols` activations with both levels.
+    fn reserve(&mut self, cols: usize, t: usize) {
+        let groups = cols.div_ceil(STEP);
+        let steps = groups.div_ceil(DM_TILES);
+        for l in &mut self.levels {
+            l.reserve(t, groups, steps);
+        }
+        self.key_d
+            .reserve((t * groups).saturating_sub(self.key_d.len()));
+        self.d
+            .reserve((t * steps * DM_LANES).saturating_sub(self.d.len()));
+    }
+
+    /// Rebuilds from tokens `0..t` of `qa` (`groups` groups each) unless they are what it
+    /// holds.
+    fn refresh(&mut self, qa: &QuantizedActs, t: usize, groups: usize) {
+        let steps = groups.div_ceil(DM_TILES);
+        let split = t > 0 && qa.token(0).split();
+        let n = groups * STEP;
+        let same = self.steps == steps
+            && self.groups == groups
+            && self.split == split
+            && self.key_d.len() == t * groups
+            && self.levels[0].key.len() == KEY_PAD + t * n
+            && (0..t).all(|j| {
+                let tk = qa.token(j);
+                tk.d == &self.key_d[j * groups..(j + 1) * groups]
+                    && self.levels[0].holds(j, n, tk.q)
+                    && (!split || self.levels[1].holds(j, n, tk.q2))
+            });
+        if same {
+            return;
+        }
+        self.steps = steps;
+        self.groups = groups;
+        self.split = split;
+        self.key_d.clear();
+        self.d.clear();
+        self.d.resize(t * steps * DM_LANES, 0.0);
+        self.levels[0].reset(t, steps);
+        self.levels[1].reset(if split { t } else { 0 }, steps);
+        for j in 0..t {
+            let tk = qa.token(j);
+            self.key_d.extend_from_slice(tk.d);
+            self.levels[0].push(j, groups, steps, tk.q);
+            if split {
+                self.levels[1].push(j, groups, steps, tk.q2);
+            }
+            for (g, &d) in tk.d.iter().enumerate() {
+                let at = (j * steps + g / DM_TILES) * DM_LANES + 2 * (g % DM_TILES);
+                self.d[at..at + 2].fill(d);
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn token(&self, j: usize) -> DmTok {
+        let s = j * self.steps;
+        let q = KEY_PAD + j * self.groups * STEP;
+        let (l0, l1) = (&self.levels[0], &self.levels[usize::from(self.split)]);
+        DmTok {
+            x: [l0.x[s * DM_X..].as_ptr(), l1.x[s * DM_X..].as_ptr()],
+            c: [l0.c[s * DM_LANES..].as_ptr(), l1.c[s * DM_LANES..].as_ptr()],
+            d: self.d[s * DM_LANES..].as_ptr(),
+            // In bounds: `KEY_PAD ≥ 3`, and a gather reads dwords `q − 3 + col ..= q + col`.
+            q: [l0.key[q - 3..].as_ptr(), l1.key[q - 3..].as_ptr()],
+            dg: self.key_d[j * self.groups..].as_ptr(),
+            split: self.split,
+        }
+    }
+}
+
+/// Zeros before the codes in [`DmLevel::key`].
+const KEY_PAD: usize = 4;
+
+thread_local! {
+    /// The calling thread's digit-major activations; borrowed only inside one task of a
+    /// product (no parallel call in between), so products never contend for it.
+    static DM: RefCell<DmActs> = RefCell::new(DmActs::default());
+}
+
+/// Sizes the calling thread's buffer for products of up to `cols` columns over up to `t`
+/// tokens, so that products do not allocate (see `matrix::reserve_thread_buffers`). A
+/// thread inside a product holds its buffer; it then grows when next refreshed.
+pub(crate) fn reserve_thread(cols: usize, t: usize) {
+    DM.with(|d| {
+        if let Ok(mut d) = d.try_borrow_mut() {
+            d.reserve(cols, t)
+        }
+    });
+}
+
+// ---- products ------------------------------------------------------------------------------
+
+/// The activations of a product as `matrix` hands them over: f32 (`Exact`) or quantized
+/// per group of 32 in element order (`Fast`, or `Balanced` with the residual level).
+#[derive(Clone, Copy)]
+pub(crate) enum Q1tActs<'a> {
+    F32(&'a [f32]),
+    Int(&'a QuantizedActs),
+}
+
+/// One product, as `matrix` hands it over: the matrix (geometry, kernel, overlay), its
+/// bytes, activations (`t` tokens) and row selection (output `o` is row `sel[o]`, or `o`).
+pub(crate) struct Q1tProduct<'a> {
+    pub g: Geom,
+    pub k: Kernel,
+    pub ov: &'a Q1tOverlay,
+    pub bytes: &'a [u8],
+    pub acts: Q1tActs<'a>,
+    pub t: usize,
+    pub sel: Option<&'a [u32]>,
+}
+
+impl Q1tProduct<'_> {
+    #[inline]
+    fn row(&self, o: usize) -> usize {
+        self.sel.map_or(o, |s| s[o] as usize)
+    }
+
+    /// Outputs `outs` × tokens `toks`; `put(output, token, value)`.
+    fn block<P: FnMut(usize, usize, f32)>(
+        &self,
+        outs: Range<usize>,
+        toks: Range<usize>,
+        put: &mut P,
+    ) {
+        self.prefetch_start(&outs);
+        match self.acts {
+            Q1tActs::F32(x) => self.tiles(&ExactTile(x), outs, toks, put),
+            Q1tActs::Int(qa) if self.k == Kernel::Avx512 && dm_available() => {
+                self.dm(qa, outs, toks, put)
+            }
+            Q1tActs::Int(qa) => self.tiles(&IntTile(qa), outs, toks, put),
+        }
+    }
+
+    /// Asks for the first [`PREFETCH_ROWS`] rows of a task before it starts: a task's
+    /// rows are one short stream from memory (a decode step reads each matrix once), and
+    /// the kernels' own prefetches reach only rows two blocks ahead.
+    fn prefetch_start(&self, outs: &Range<usize>) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let rb = self.g.cols / STEP * Q1T_TILE;
+            for o in outs.start..outs.end.min(outs.start + PREFETCH_ROWS) {
+                let row = self.bytes[self.row(o) * rb..].as_ptr();
+                for line in (0..rb).step_by(64) {
+                    // SAFETY: a prefetch never faults; the address is inside the payload.
+                    unsafe { _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(line) as *const i8) };
+                }
+            }
+        }
+    }
+
+    /// Rows `o..o + R` (their payload rows).
+    #[inline(always)]
+    fn rows<const R: usize>(&self, o: usize) -> [usize; R] {
+        std::array::from_fn(|i| self.row(o + i))
+    }
+
+    /// Row blocks of 4 (then single rows) × token blocks of 4, 2, 1, each through `kern`.
+    #[inline(always)]
+    fn tiles<K: Tile, P: FnMut(usize, usize, f32)>(
+        &self,
+        kern: &K,
+        outs: Range<usize>,
+        toks: Range<usize>,
+        put: &mut P,
+    ) {
+        let mut o = outs.start;
+        while o < outs.end {
+            if outs.end - o >= BLOCK_ROWS {
+                self.row_tiles::<K, P, BLOCK_ROWS>(kern, o, toks.clone(), put);
+                o += BLOCK_ROWS;
+            } else {
+                self.row_tiles::<K, P, 1>(kern, o, toks.clone(), put);
+                o += 1;
+            }
+        }
+    }
+
+    /// Outputs `o..o + R` against tokens `toks`, 4, 2, then 1 at a time.
+    #[inline(always)]
+    fn row_tiles<K: Tile, P: FnMut(usize, usize, f32), const R: usize>(
+        &self,
+        kern: &K,
+        o: usize,
+        toks: Range<usize>,
+        put: &mut P,
+    ) {
+        let mut j = toks.start;
+        while toks.end - j >= BLOCK_TOKENS {
+            kern.tile::<P, R, BLOCK_TOKENS>(self, o, j, put);
+            j += BLOCK_TOKENS;
+        }
+        if toks.end - j >= 2 {
+            kern.tile::<P, R, 2>(self, o, j, put);
+            j += 2;
+        }
+        if toks.end > j {
+            kern.tile::<P, R, 1>(self, o, j, put);
+        }
+    }
+
+    /// Stores the base products `out` of rows `rs` (outputs from `o`) and tokens `xs`
+    /// (from `j`) with each row's overlay correction added.
+    #[inline(always)]
+    fn finish<A: ActAt, P: FnMut(usize, usize, f32), const R: usize, const T: usize>(
+        &self,
+        (o, j): (usize, usize),
+        rs: &[usize; R],
+        xs: &[A; T],
+        mut out: [[f32; T]; R],
+        put: &mut P,
+    ) {
+        for (out, &r) in out.iter_mut().zip(rs) {
+            self.ov.correct(self.bytes, r, xs, out);
+        }
+        put_tile(o, j, &out, put);
+    }
+
+    /// `Fast` and `Balanced` on AVX-512 VBMI + VNNI: the digit-major kernel over this
+    /// thread's [`DmActs`], rebuilt first if they are not of `qa`.
+    #[cfg(target_arch = "x86_64")]
+    fn dm<P: FnMut(usize, usize, f32)>(
+        &self,
+        qa: &QuantizedActs,
+        outs: Range<usize>,
+        toks: Range<usize>,
+        put: &mut P,
+    ) {
+        let groups = self.g.cols / STEP;
+        let mut run = |dm: &mut DmActs| {
+            dm.refresh(qa, self.t, groups);
+            // SAFETY: `dm_available()` (checked by `block`); `dm` was just built from all
+            // `t` tokens of `qa`; rows come from a validated payload.
+            unsafe { simd::dm_block(self, dm, outs.clone(), toks.clone(), put) }
+        };
+        DM.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut dm) => run(&mut dm),
+            // Not reached (no task runs inside another on one thread while it holds the
+            // buffer); kept so that a surprise costs an allocation, not a panic.
+            Err(_) => run(&mut DmActs::default()),
+        })
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn dm<P: FnMut(usize, usize, f32)>(
+        &self,
+        qa: &QuantizedActs,
+        outs: Range<usize>,
+        toks: Range<usize>,
+        put: &mut P,
+    ) {
+        self.tiles(&IntTile(qa), outs, toks, put)
+    }
+}
+
+/// One register tile of a product: outputs `o..o + R` × tokens `j..j + T`, stored by
+/// `put(output, token, value)`. (A trait, not a closure, for the const parameters, and so
+/// that the digit-major kernel's tiles inline into its target-feature function.)
+trait Tile {
+    fn tile<P: FnMut(usize, usize, f32), const R: usize, const T: usize>(
+        &self,
+        cx: &Q1tProduct,
+        o: usize,
+        j: usize,
+        put: &mut P,
+    );
+}
+
+/// Stores a tile's values.
+#[inline(always)]
+fn put_tile<P: FnMut(usize, usize, f32), const R: usize, const T: usize>(
+    o: usize,
+    j: usize,
+    out: &[[f32; T]; R],
+    put: &mut P,
+) {
+    for (i, out) in out.iter().enumerate() {
+        for (q, v) in out.iter().enumerate() {
+            put(o + i, j + q, *v);
+        }
+    }
+}
+
+/// `Exact`: the shared f32 loops over [`Q1tRows`], then the overlay (on AVX-512 VBMI,
+/// [`simd::exact_rows`] with the overlay inside); `[t, cols]` activations.
+struct ExactTile<'a>(&'a [f32]);
+
+impl Tile for ExactTile<'_> {
+    #[inline(always)]
+    fn tile<P: FnMut(usize, usize, f32), const R: usize, const T: usize>(
+        &self,
+        cx: &Q1tProduct,
+        o: usize,
+        j: usize,
+        put: &mut P,
+    ) {
+        let cols = cx.g.cols;
+        let rs = cx.rows::<R>(o);
+        let d = Q1tRows::<R>::new_at(cx.g, cx.bytes, rs);
+        let xs: [&[f32]; T] = std::array::from_fn(|q| &self.0[(j + q) * cols..(j + q + 1) * cols]);
+        #[cfg(target_arch = "x86_64")]
+        if cx.k == Kernel::Avx512 && simd::exact_available() {
+            // SAFETY: checked just above; `new_at` gives each row its tiles and `SLACK`,
+            // and each activation slice is `cols` long.
+            let ov: [_; R] = std::array::from_fn(|i| cx.ov.row(cx.bytes, rs[i]));
+            let out = unsafe { simd::exact_rows::<R, T>(&d.tiles, cols / STEP, &xs, &ov) };
+            return put_tile(o, j, &out, put);
+        }
+        let mut out = [[0f32; T]; R];
+        kernel::run::<_, R, T>(cx.k, &d, &xs, &mut out);
+        cx.finish((o, j), &rs, &xs, out, put);
+    }
+}
+
+/// `Fast` and `Balanced` without the digit-major kernel: int8 codes into the shared
+/// integer loops (which handle both levels), then the overlay.
+struct IntTile<'a>(&'a QuantizedActs);
+
+impl Tile for IntTile<'_> {
+    #[inline(always)]
+    fn tile<P: FnMut(usize, usize, f32), const R: usize, const T: usize>(
+        &self,
+        cx: &Q1tProduct,
+        o: usize,
+        j: usize,
+        put: &mut P,
+    ) {
+        let rs = cx.rows::<R>(o);
+        let d = Q1tRows::<R>::new_at(cx.g, cx.bytes, rs);
+        let xs: [QToken; T] = std::array::from_fn(|q| self.0.token(j + q));
+        let mut out = [[0f32; T]; R];
+        kernel::run_int::<_, R, T>(cx.k, &d, &xs, &mut out);
+        cx.finish((o, j), &rs, &xs, out, put);
+    }
+}
+
+/// `y[o] = Σ_c W[row(o), c]·x[c]` for the one token of `cx`; `y.len()` outputs. Rows are
+/// split over the rayon pool as `matrix::matvec` splits them.
+pub(crate) fn matvec(cx: &Q1tProduct, y: &mut [f32]) {
+    let chunk = matvec_chunk(y.len(), cx.g.cols);
+    y.par_chunks_mut(chunk).enumerate().for_each(|(c, ys)| {
+        let o0 = c * chunk;
+        cx.block(o0..o0 + ys.len(), 0..1, &mut |o, _, v| ys[o - o0] = v);
+    });
+}
+
+/// `y[j, o] = Σ_c W[row(o), c]·x[j, c]` for the `t` tokens of `cx`; `y` is `[t, n]`. Tasks
+/// own row chunks that fit L2, and take the tokens in blocks that fit it too (as
+/// `matrix::matmul`).
+pub(crate) fn matmul(cx: &Q1tProduct, y: &mut [f32]) {
+    let (t, cols) = (cx.t, cx.g.cols);
+    let n = y.len() / t;
+    let (chunk, tok_block) = matmul_split(n, cols, cols / STEP * Q1T_TILE);
+    let out = Out::new(y);
+    (0..n.div_ceil(chunk)).into_par_iter().for_each(|c| {
+        let outs = c * chunk..((c + 1) * chunk).min(n);
+        for j0 in (0..t).step_by(tok_block) {
+            let toks = j0..(j0 + tok_block).min(t);
+            // SAFETY: `j < t` and output `o` belongs to this task only, so entry
+            // `j·n + o < y.len()` is written by this task alone.
+            cx.block(outs.clone(), toks, &mut |o, j, v| unsafe {
+                out.write(j * n + o, v)
+            });
+        }
+    });
+}
