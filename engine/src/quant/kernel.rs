@@ -1018,7 +1018,8 @@ unsafe fn int_body<
 }
 
 /// The factor a finished sum still needs from token `x`: its one scale when split (the
-/// per-group terms then carry only the weights' scales), else 1 (applied per group).
+/// per-group terms then carry only the weights' scales; 0 for a token without groups),
+/// else 1 (applied per group).
 #[inline(always)]
 fn token_scale<const SPLIT: bool>(x: &QToken) -> f32 {
     if SPLIT {
@@ -1303,8 +1304,7 @@ fn run_wide<D: IntRows, const R: usize, const T: usize>(
     for (i, (o, s)) in out.iter_mut().zip(&sums).enumerate() {
         let p = d.int_post(i);
         for ((o, &s), x) in o.iter_mut().zip(s).zip(xs) {
-            // `d` is one value per token when split; a token without groups sums to 0.
-            *o = s as f32 * x.d.first().copied().unwrap_or(0.0) * p;
+            *o = s as f32 * token_scale::<true>(x) * p;
         }
     }
 }
