@@ -8,6 +8,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
+use super::attend::{self, KEY_TILE};
 use super::config::{self, LayerKind, ModelConfig};
 use super::linear::{Linear, SkillSel};
 use super::norm::RmsNorm;
@@ -15,6 +16,7 @@ use super::rope::Rope;
 use super::scope::Scope;
 use super::ModelError;
 use crate::model::kv_cache::LayerKv;
+use crate::quant::kernel::Kernel;
 
 #[derive(Clone, Debug)]
 pub struct AttentionConfig {
@@ -40,6 +42,8 @@ pub struct Attention {
     pub rope: Rope,
     /// `q_proj` holds `[q_h; gate_h]` per head (the output gate).
     pub output_gate: bool,
+    /// SIMD level of the loops over the cache.
+    pub kernel: Kernel,
 }
 
 /// Buffers for one forward of up to `t_max` tokens, allocated once per session.
@@ -92,8 +96,10 @@ pub fn reserve_scores(positions: usize) {
     crate::exec::pool().broadcast(|_| {
         SCORES.with(|cell| {
             let mut s = cell.borrow_mut();
-            if s.len() < positions {
-                s.resize(positions, 0.0);
+            // Whole tiles: a span starting inside one is read from its first position.
+            let room = positions.next_multiple_of(KEY_TILE) + KEY_TILE;
+            if s.len() < room {
+                s.resize(room, 0.0);
             }
         })
     });
@@ -140,6 +146,7 @@ impl Attention {
             k_norm: s.norm_opt("k_norm", hd)?,
             rope: Rope::new(theta, c.rotary_dim(), &scaling),
             output_gate,
+            kernel: Kernel::detect(),
         })
     }
 
@@ -241,44 +248,38 @@ impl Attention {
     }
 
     /// One query head at absolute position `pos` over the cached keys `lo..=pos`.
+    /// Head output `o` of query `qh` at position `pos` over KV head `kvh`: the keys in
+    /// the window up to `pos`, a softmax, the weighted values (see [`super::attend`]).
     fn attend(&self, qh: &[f32], pos: usize, kvh: usize, kv: &LayerKv, o: &mut [f32]) {
         let c = &self.cfg;
         let hd = c.head_dim;
+        let k = self.kernel;
         let lo = c.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        let (b0, b1) = (lo / KEY_TILE, pos / KEY_TILE + 1);
+        let (tiles, values) = kv.head(kvh);
         SCORES.with(|cell| {
             let mut scores = cell.borrow_mut();
-            if scores.len() < pos + 1 {
-                scores.resize(pos + 1, 0.0);
+            let room = (b1 - b0) * KEY_TILE;
+            if scores.len() < room {
+                scores.resize(room, 0.0);
             }
-            let sc = &mut scores[lo..=pos];
+            attend::scores(k, tiles, hd, qh, b0, b1, &mut scores[..room]);
+            let from = lo - b0 * KEY_TILE;
+            let sc = &mut scores[from..from + pos + 1 - lo];
             let mut max = f32::NEG_INFINITY;
-            for (j, sj) in (lo..=pos).zip(sc.iter_mut()) {
-                let kj = kv.key(j, kvh);
-                let mut d = dot(qh, kj) * c.scale;
+            for v in sc.iter_mut() {
+                *v *= c.scale;
                 if let Some(cap) = c.softcap {
-                    d = (d / cap).tanh() * cap;
+                    *v = (*v / cap).tanh() * cap;
                 }
-                *sj = d;
-                max = max.max(d);
+                max = max.max(*v);
             }
-            let mut sum = 0.0;
-            for sj in sc.iter_mut() {
-                *sj = (*sj - max).exp();
-                sum += *sj;
-            }
-            let inv = 1.0 / sum;
-            o[..hd].fill(0.0);
-            for (j, &p) in (lo..=pos).zip(sc.iter()) {
-                let w = p * inv;
-                for (ov, &vv) in o.iter_mut().zip(kv.value(j, kvh)) {
-                    *ov += w * vv;
-                }
-            }
+            let sum = attend::softmax_exp(k, sc, max);
+            attend::weighted_values(k, &values[lo * hd..(pos + 1) * hd], hd, sc, 1.0 / sum, o);
         });
     }
 }
 
-/// A dot product in eight lanes (vectorises; the summation order is fixed).
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));

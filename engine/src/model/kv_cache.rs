@@ -1,46 +1,99 @@
-//! An attention layer's KV cache: keys and values of every position `[capacity, kv_heads·head_dim]`,
-//! allocated once for the session's context. The buffers are zero-initialised
-//! allocations, so the OS maps their pages only as positions are written: a long context
-//! costs RSS only when it is used.
+//! An attention layer's KV cache, allocated once for the session's context. Per KV head:
+//! keys in tiles of [`KEY_TILE`] positions, dimension-major (`[tile][head_dim][16]`: the
+//! layout the score kernel of [`super::attend`] streams), and values position-major
+//! (`[position][head_dim]`). The buffers are zero-initialised allocations, so the OS maps
+//! their pages only as positions are written: a long context costs RSS only when used.
+
+use super::attend::KEY_TILE;
 
 #[derive(Debug)]
 pub struct LayerKv {
-    width: usize,
+    kv_heads: usize,
     head_dim: usize,
+    /// Positions of room, a multiple of [`KEY_TILE`].
+    capacity: usize,
     k: Vec<f32>,
     v: Vec<f32>,
 }
 
 impl LayerKv {
     pub fn new(capacity: usize, kv_heads: usize, head_dim: usize) -> LayerKv {
-        let width = kv_heads * head_dim;
+        let capacity = capacity.next_multiple_of(KEY_TILE);
+        let n = capacity * kv_heads * head_dim;
         LayerKv {
-            width,
+            kv_heads,
             head_dim,
-            k: vec![0.0; capacity * width],
-            v: vec![0.0; capacity * width],
+            capacity,
+            k: vec![0.0; n],
+            v: vec![0.0; n],
         }
     }
 
-    /// Writes the keys and values of positions `pos0..pos0+t` (`k`, `v` are [t, width]).
+    /// Writes the keys and values of positions `pos0..pos0+t` (`k`, `v` are
+    /// `[t, kv_heads·head_dim]`).
     pub fn store(&mut self, pos0: usize, k: &[f32], v: &[f32]) {
-        let a = pos0 * self.width;
-        self.k[a..a + k.len()].copy_from_slice(k);
-        self.v[a..a + v.len()].copy_from_slice(v);
+        let (hd, width) = (self.head_dim, self.kv_heads * self.head_dim);
+        let t = k.len() / width.max(1);
+        assert!(k.len() == t * width && v.len() == t * width && pos0 + t <= self.capacity);
+        for (i, (kr, vr)) in k.chunks_exact(width).zip(v.chunks_exact(width)).enumerate() {
+            let pos = pos0 + i;
+            for h in 0..self.kv_heads {
+                let head = h * self.capacity * hd;
+                let tile = head + pos / KEY_TILE * hd * KEY_TILE + pos % KEY_TILE;
+                for (d, &x) in kr[h * hd..(h + 1) * hd].iter().enumerate() {
+                    self.k[tile + d * KEY_TILE] = x;
+                }
+                let at = head + pos * hd;
+                self.v[at..at + hd].copy_from_slice(&vr[h * hd..(h + 1) * hd]);
+            }
+        }
     }
 
-    pub fn key(&self, pos: usize, kv_head: usize) -> &[f32] {
-        let a = pos * self.width + kv_head * self.head_dim;
-        &self.k[a..a + self.head_dim]
+    /// KV head `h`: its key tiles `[capacity/16, head_dim, 16]` and values
+    /// `[capacity, head_dim]`.
+    pub fn head(&self, h: usize) -> (&[f32], &[f32]) {
+        let n = self.capacity * self.head_dim;
+        (&self.k[h * n..(h + 1) * n], &self.v[h * n..(h + 1) * n])
+    }
+
+    /// The key of position `pos` in KV head `h` (for tests and probes; the kernels read
+    /// [`LayerKv::head`]).
+    pub fn key(&self, pos: usize, h: usize) -> Vec<f32> {
+        let (tiles, _) = self.head(h);
+        let at = pos / KEY_TILE * self.head_dim * KEY_TILE + pos % KEY_TILE;
+        (0..self.head_dim)
+            .map(|d| tiles[at + d * KEY_TILE])
+            .collect()
     }
 
     /// Bytes one position costs (keys and values).
     pub fn bytes_per_position(&self) -> usize {
-        self.width * 2 * 4
+        self.kv_heads * self.head_dim * 2 * 4
     }
+}
 
-    pub fn value(&self, pos: usize, kv_head: usize) -> &[f32] {
-        let a = pos * self.width + kv_head * self.head_dim;
-        &self.v[a..a + self.head_dim]
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_keys_and_values_read_back() {
+        let (heads, hd) = (3, 40);
+        let mut kv = LayerKv::new(37, heads, hd);
+        let width = heads * hd;
+        let k: Vec<f32> = (0..5 * width).map(|i| i as f32).collect();
+        let v: Vec<f32> = (0..5 * width).map(|i| -(i as f32)).collect();
+        kv.store(14, &k, &v);
+        for i in 0..5 {
+            for h in 0..heads {
+                let want = &k[i * width + h * hd..i * width + (h + 1) * hd];
+                assert_eq!(kv.key(14 + i, h), want);
+                let (_, values) = kv.head(h);
+                assert_eq!(
+                    &values[(14 + i) * hd..(15 + i) * hd],
+                    &v[i * width + h * hd..i * width + (h + 1) * hd]
+                );
+            }
+        }
     }
 }

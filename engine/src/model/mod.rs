@@ -6,6 +6,7 @@
 //! cache and recurrent state) and the [`Workspace`]; the model itself is immutable and
 //! shared between threads.
 
+pub mod attend;
 pub mod attention;
 pub mod block;
 pub mod config;

@@ -701,6 +701,11 @@ impl QuantizedActs {
         self.scaled = scaled;
     }
 
+    /// Whether the tokens carry the residual level (one scale per token).
+    pub fn is_split(&self) -> bool {
+        self.split
+    }
+
     /// Token `j`.
     pub fn token(&self, j: usize) -> QToken<'_> {
         let g = self.groups;

@@ -652,3 +652,52 @@ fn balanced_row_scaled_sums_are_exact_and_do_not_overflow() {
         }
     }
 }
+
+/// The `q8` prefill products at the default precision (on AVX-512 VNNI the packed-panel
+/// kernel of `q8_panel`) against one matrix-vector product per token, bit for bit: rows
+/// across and short of a 32-row panel, columns not a multiple of 4 or 32, token counts
+/// around the 6-token tile, all rows or a scattered subset of them.
+#[test]
+fn q8_prefill_equals_its_matvecs_bit_for_bit() {
+    use super::matrix::{matmul_rows_with, matvec_rows_with};
+    for dtype in [DType::Q8Row, DType::Q8_2f] {
+        for shape in [
+            vec![37u64, 70],
+            vec![70, 96],
+            vec![33, 2081],
+            vec![64, 4133],
+            vec![5, 7],
+        ] {
+            let (bytes, _, g) = encoded(dtype, &shape, 41);
+            let subset: Vec<u32> = (0..g.rows as u32).filter(|r| r % 3 != 1).collect();
+            for k in Kernel::available() {
+                let mut m = Matrix::new(dtype, &shape, &bytes).unwrap();
+                m.set_kernel(k).unwrap();
+                for t in [2usize, 5, 6, 7, 13, 20] {
+                    let x = activations(t * g.cols, 7 * t as u64);
+                    let p = Precision::Balanced;
+                    let mut y = vec![f32::NAN; t * g.rows];
+                    matmul_with(&m, &bytes, &x, t, &mut y, p);
+                    let mut ys = vec![f32::NAN; t * subset.len()];
+                    matmul_rows_with(&m, &bytes, &x, t, &subset, &mut ys, p);
+                    for i in 0..t {
+                        let xi = &x[i * g.cols..(i + 1) * g.cols];
+                        let mut yi = vec![f32::NAN; g.rows];
+                        matvec_with(&m, &bytes, xi, &mut yi, p);
+                        let row = &y[i * g.rows..(i + 1) * g.rows];
+                        let what = format!("{dtype} {shape:?} {k:?} t={t} token {i}");
+                        assert_eq!(bits(row), bits(&yi), "{what}");
+                        let mut ysi = vec![f32::NAN; subset.len()];
+                        matvec_rows_with(&m, &bytes, xi, &subset, &mut ysi, p);
+                        let part = &ys[i * subset.len()..(i + 1) * subset.len()];
+                        assert_eq!(bits(part), bits(&ysi), "{what}, a subset of rows");
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}

@@ -42,6 +42,7 @@ use super::q1::{self, Q1sRowIndex};
 use super::q1t_kernel::{self, Q1tActs, Q1tOverlay, Q1tProduct};
 use super::q4::{Q4Rows, Q4tpRows, GROUP};
 use super::q8::{Q8Layout, Q8Rows};
+use super::q8_panel;
 use super::{decode_row, geometry, validate, vbit, Geom, QuantError};
 use crate::format::dtype::DType;
 
@@ -698,6 +699,16 @@ impl Out {
         }
     }
 
+    /// A pointer to entries `i .. i + len`, checked to lie in the buffer.
+    ///
+    /// # Safety
+    /// No other thread accesses those entries while the pointer is used.
+    #[inline]
+    pub(super) unsafe fn slice_ptr(self, i: usize, len: usize) -> *mut f32 {
+        assert!(i + len <= self.len);
+        self.ptr.add(i)
+    }
+
     /// # Safety
     /// No other thread accesses entry `i` during the write.
     #[inline]
@@ -764,6 +775,12 @@ fn matmul_sel(
 fn matmul_impl(m: &Matrix, bytes: &[u8], acts: Acts, t: usize, sel: Option<&[u32]>, y: &mut [f32]) {
     if let Some(cx) = q1t_product(m, bytes, acts, t, sel) {
         return q1t_kernel::matmul(&cx, y);
+    }
+    if let Acts::Int(qa) = acts {
+        let row_scaled = matches!(m.dtype, DType::Q8Row | DType::Q8_2f);
+        if row_scaled && q8_panel::applies(qa, m.cols, m.kernel.has_vnni()) {
+            return q8_panel::matmul(m.geom, bytes, qa, t, sel, y);
+        }
     }
     let n = y.len() / t;
     let (chunk, tok_block) = matmul_split(n, m.cols, m.nbytes / m.rows);

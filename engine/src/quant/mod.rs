@@ -32,6 +32,7 @@ pub mod q1;
 mod q1t_kernel;
 pub mod q4;
 pub mod q8;
+mod q8_panel;
 pub mod rows;
 pub mod vbit;
 

@@ -1,0 +1,575 @@
+//! The inner loops of softmax attention over the KV cache, one query head at a time:
+//! the scores of a query against a span of keys, the softmax's exponentials and sum, and
+//! the probability-weighted sum of values, for each SIMD level of [`Kernel`].
+//!
+//! Keys are stored in tiles of [`KEY_TILE`] positions, dimension-major
+//! (`[tile][head_dim][16]`, see [`super::kv_cache::LayerKv`]): sixteen scores are then
+//! `head_dim` multiply-adds of a broadcast query element against one vector of the tile,
+//! with no horizontal sums, and prefill (a query per token) and decode read the cache the
+//! same way.
+//!
+//! Every level computes the same operations in the same order, so they agree bit for bit
+//! (the tests check it), and so do prefill and decode:
+//! - a score is `Σ_d q[d]·k[d]`, one fused multiply-add per `d` in order, times the scale;
+//! - `exp` is [`exp_poly`] (Cephes' range reduction and polynomial, fused multiply-adds),
+//!   within 2 ulp of `f32::exp` over the softmax's range;
+//! - the softmax's sum takes 16 lanes (`lane = index mod 16`) and adds them in the fixed
+//!   tree of [`reduce16`];
+//! - the value sum keeps two accumulators per dimension, over even and odd keys, added at
+//!   the end and then scaled by `1/sum`.
+//!
+//! Hand-written rather than a BLAS call: these are short, ragged (causal) spans in a cache
+//! layout of our own, interleaved with a softmax, and they must match across levels.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use crate::quant::kernel::Kernel;
+
+/// Positions per key tile.
+pub const KEY_TILE: usize = 16;
+
+/// The instruction set a [`Kernel`] resolves to on this CPU.
+#[derive(Clone, Copy)]
+enum Level {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    Scalar,
+}
+
+fn level(k: Kernel) -> Level {
+    match k {
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 if k.is_available() => Level::Avx512,
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 | Kernel::Avx2 if Kernel::Avx2.is_available() => Level::Avx2,
+        _ => Level::Scalar,
+    }
+}
+
+/// `out[p − 16·b0] = q · key_p` for every position `p` of tiles `b0 .. b1` of one KV head
+/// (`tiles` is that head's `[tiles, head_dim, 16]`); `out.len() ≥ 16·(b1 − b0)`. Positions
+/// of those tiles past the written ones get whatever the tile holds there.
+pub fn scores(
+    k: Kernel,
+    tiles: &[f32],
+    hd: usize,
+    q: &[f32],
+    b0: usize,
+    b1: usize,
+    out: &mut [f32],
+) {
+    let n = b1.saturating_sub(b0);
+    assert!(q.len() == hd && tiles.len() >= b1 * hd * KEY_TILE && out.len() >= n * KEY_TILE);
+    let tiles = &tiles[b0 * hd * KEY_TILE..b1 * hd * KEY_TILE];
+    match level(k) {
+        // SAFETY: the CPU has the level's features (`level` checked them); lengths above.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx512 => unsafe { scores_avx512(tiles, hd, q, n, out) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { scores_avx2(tiles, hd, q, n, out) },
+        Level::Scalar => scores_scalar(tiles, hd, q, n, out),
+    }
+}
+
+fn scores_scalar(tiles: &[f32], hd: usize, q: &[f32], n: usize, out: &mut [f32]) {
+    for (tile, o) in tiles
+        .chunks_exact(hd * KEY_TILE)
+        .zip(out.chunks_exact_mut(KEY_TILE))
+        .take(n)
+    {
+        let mut acc = [0f32; KEY_TILE];
+        for (&qd, kd) in q.iter().zip(tile.chunks_exact(KEY_TILE)) {
+            for (a, &kv) in acc.iter_mut().zip(kd) {
+                *a = qd.mul_add(kv, *a);
+            }
+        }
+        o.copy_from_slice(&acc);
+    }
+}
+
+/// Four tiles at a time: four independent chains of multiply-adds hide their latency.
+///
+/// # Safety
+/// AVX-512 F; `tiles.len() == n·hd·16`, `q.len() == hd`, `out.len() ≥ 16·n`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn scores_avx512(tiles: &[f32], hd: usize, q: &[f32], n: usize, out: &mut [f32]) {
+    let stride = hd * KEY_TILE;
+    let (t, o) = (tiles.as_ptr(), out.as_mut_ptr());
+    let mut b = 0;
+    while b + 4 <= n {
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for d in 0..hd {
+            let qd = _mm512_set1_ps(*q.get_unchecked(d));
+            for (i, a) in acc.iter_mut().enumerate() {
+                let kv = _mm512_loadu_ps(t.add((b + i) * stride + d * KEY_TILE));
+                *a = _mm512_fmadd_ps(qd, kv, *a);
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(o.add((b + i) * KEY_TILE), *a);
+        }
+        b += 4;
+    }
+    while b < n {
+        let mut acc = _mm512_setzero_ps();
+        for d in 0..hd {
+            let kv = _mm512_loadu_ps(t.add(b * stride + d * KEY_TILE));
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(*q.get_unchecked(d)), kv, acc);
+        }
+        _mm512_storeu_ps(o.add(b * KEY_TILE), acc);
+        b += 1;
+    }
+}
+
+/// Two tiles (four 8-lane halves) at a time.
+///
+/// # Safety
+/// AVX2 and FMA; lengths as [`scores_avx512`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn scores_avx2(tiles: &[f32], hd: usize, q: &[f32], n: usize, out: &mut [f32]) {
+    let stride = hd * KEY_TILE;
+    let (t, o) = (tiles.as_ptr(), out.as_mut_ptr());
+    let mut b = 0;
+    while b < n {
+        let pair = if b + 2 <= n { 2 } else { 1 };
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for d in 0..hd {
+            let qd = _mm256_set1_ps(*q.get_unchecked(d));
+            for i in 0..2 * pair {
+                let kv = _mm256_loadu_ps(t.add((b + i / 2) * stride + d * KEY_TILE + 8 * (i % 2)));
+                acc[i] = _mm256_fmadd_ps(qd, kv, acc[i]);
+            }
+        }
+        for (i, a) in acc.iter().enumerate().take(2 * pair) {
+            _mm256_storeu_ps(o.add((b + i / 2) * KEY_TILE + 8 * (i % 2)), *a);
+        }
+        b += pair;
+    }
+}
+
+/// `e^x` for the softmax (`x ≤ 0` there; any `x` is handled): `x = n·ln2 + r` with
+/// `|r| ≤ ln2/2` (ln2 in two parts, so `r` is exact to f32), `e^r` by Cephes' degree-5
+/// polynomial, `2ⁿ` put into the exponent. Below −87.3 it returns 0 (`e^x` is subnormal
+/// there; a softmax loses nothing), NaN stays NaN. Within 2 ulp of `f32::exp` elsewhere.
+#[inline(always)]
+pub fn exp_poly(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let x = x.clamp(EXP_LO, EXP_HI);
+    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
+    let r = n.mul_add(-LN2_HI, x);
+    let r = n.mul_add(-LN2_LO, r);
+    let mut p = EXP_C[0];
+    for c in &EXP_C[1..] {
+        p = p.mul_add(r, *c);
+    }
+    let r2 = r * r;
+    let e = p.mul_add(r2, r + 1.0);
+    let bits = ((n as i32 + 127) << 23) as u32;
+    if x <= EXP_LO {
+        0.0
+    } else {
+        e * f32::from_bits(bits)
+    }
+}
+
+const EXP_LO: f32 = -87.3;
+const EXP_HI: f32 = 88.3;
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// Cephes `expf`: `e^r ≈ 1 + r + r²·P(r)`.
+const EXP_C: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    0.5,
+];
+
+/// Replaces `s` by `e^(s − max)` and returns their sum (16 lanes, [`reduce16`]).
+pub fn softmax_exp(k: Kernel, s: &mut [f32], max: f32) -> f32 {
+    match level(k) {
+        // SAFETY: the CPU has the level's features (`level` checked them); lengths above.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx512 => unsafe { softmax_exp_avx512(s, max) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { softmax_exp_avx2(s, max) },
+        Level::Scalar => softmax_exp_scalar(s, max),
+    }
+}
+
+fn softmax_exp_scalar(s: &mut [f32], max: f32) -> f32 {
+    let mut lanes = [0f32; 16];
+    for chunk in s.chunks_mut(16) {
+        for (l, v) in lanes.iter_mut().zip(chunk.iter_mut()) {
+            *v = exp_poly(*v - max);
+            *l += *v;
+        }
+    }
+    reduce16(&lanes)
+}
+
+/// The fixed order of a 16-lane sum: `l + l⁺⁸`, then `+ l⁺⁴`, `+ l⁺²`, `+ l⁺¹`.
+#[inline(always)]
+pub fn reduce16(l: &[f32; 16]) -> f32 {
+    let a: [f32; 8] = std::array::from_fn(|i| l[i] + l[i + 8]);
+    let b: [f32; 4] = std::array::from_fn(|i| a[i] + a[i + 4]);
+    let c: [f32; 2] = std::array::from_fn(|i| b[i] + b[i + 2]);
+    c[0] + c[1]
+}
+
+/// [`exp_poly`] on 16 lanes, op for op.
+///
+/// # Safety
+/// AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn exp512(x: __m512) -> __m512 {
+    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+    let xc = _mm512_min_ps(
+        _mm512_max_ps(x, _mm512_set1_ps(EXP_LO)),
+        _mm512_set1_ps(EXP_HI),
+    );
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(xc, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+    );
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), xc);
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
+    let mut p = _mm512_set1_ps(EXP_C[0]);
+    for c in &EXP_C[1..] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
+    }
+    let r2 = _mm512_mul_ps(r, r);
+    let e = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0)));
+    let bits = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+        _mm512_cvtps_epi32(n),
+        _mm512_set1_epi32(127),
+    ));
+    let v = _mm512_mul_ps(e, _mm512_castsi512_ps(bits));
+    let under = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(xc, _mm512_set1_ps(EXP_LO));
+    let v = _mm512_mask_mov_ps(v, under, _mm512_setzero_ps());
+    _mm512_mask_mov_ps(v, nan, x)
+}
+
+/// [`exp_poly`] on 8 lanes, op for op.
+///
+/// # Safety
+/// AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp256(x: __m256) -> __m256 {
+    let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
+    let xc = _mm256_min_ps(
+        _mm256_max_ps(x, _mm256_set1_ps(EXP_LO)),
+        _mm256_set1_ps(EXP_HI),
+    );
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        xc,
+        _mm256_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), xc);
+    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
+    let mut p = _mm256_set1_ps(EXP_C[0]);
+    for c in &EXP_C[1..] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
+    }
+    let r2 = _mm256_mul_ps(r, r);
+    let e = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0)));
+    let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(n),
+        _mm256_set1_epi32(127),
+    ));
+    let v = _mm256_mul_ps(e, _mm256_castsi256_ps(bits));
+    let under = _mm256_cmp_ps::<_CMP_LE_OQ>(xc, _mm256_set1_ps(EXP_LO));
+    let v = _mm256_andnot_ps(under, v);
+    _mm256_blendv_ps(v, x, nan)
+}
+
+/// # Safety
+/// AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn softmax_exp_avx512(s: &mut [f32], max: f32) -> f32 {
+    let m = _mm512_set1_ps(max);
+    let mut sum = _mm512_setzero_ps();
+    for chunk in s.chunks_mut(16) {
+        let mask: __mmask16 = ((1u32 << chunk.len()) - 1) as u16;
+        let v = _mm512_maskz_loadu_ps(mask, chunk.as_ptr());
+        let e = exp512(_mm512_sub_ps(v, m));
+        _mm512_mask_storeu_ps(chunk.as_mut_ptr(), mask, e);
+        sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(mask, e));
+    }
+    let mut lanes = [0f32; 16];
+    _mm512_storeu_ps(lanes.as_mut_ptr(), sum);
+    reduce16(&lanes)
+}
+
+/// # Safety
+/// AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_exp_avx2(s: &mut [f32], max: f32) -> f32 {
+    let m = _mm256_set1_ps(max);
+    let mut sum = [_mm256_setzero_ps(); 2];
+    let mut chunks = s.chunks_exact_mut(16);
+    for chunk in &mut chunks {
+        for (h, sum) in sum.iter_mut().enumerate() {
+            let p = chunk.as_mut_ptr().add(8 * h);
+            let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(p), m));
+            _mm256_storeu_ps(p, e);
+            *sum = _mm256_add_ps(*sum, e);
+        }
+    }
+    let mut lanes = [0f32; 16];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), sum[0]);
+    _mm256_storeu_ps(lanes.as_mut_ptr().add(8), sum[1]);
+    // The ragged tail in scalar: the same operations lane by lane.
+    for (l, v) in lanes.iter_mut().zip(chunks.into_remainder()) {
+        *v = exp_poly(*v - max);
+        *l += *v;
+    }
+    reduce16(&lanes)
+}
+
+/// `o = (Σ_j p[j]·values[j]) · inv` over the rows of `values` (`[p.len(), hd]`), with one
+/// accumulator per dimension for even keys and one for odd keys.
+pub fn weighted_values(k: Kernel, values: &[f32], hd: usize, p: &[f32], inv: f32, o: &mut [f32]) {
+    assert!(values.len() >= p.len() * hd && o.len() == hd);
+    match level(k) {
+        // SAFETY: the CPU has the level's features (`level` checked them); lengths above.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx512 => unsafe { weighted_avx512(values, hd, p, inv, o) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { weighted_avx2(values, hd, p, inv, o) },
+        Level::Scalar => weighted_scalar(values, hd, p, inv, o),
+    }
+}
+
+fn weighted_scalar(values: &[f32], hd: usize, p: &[f32], inv: f32, o: &mut [f32]) {
+    for (d, o) in o.iter_mut().enumerate() {
+        *o = weighted_dim(values, hd, p, inv, d);
+    }
+}
+
+/// Dimension `d` of [`weighted_values`], in scalar code.
+fn weighted_dim(values: &[f32], hd: usize, p: &[f32], inv: f32, d: usize) -> f32 {
+    let (mut even, mut odd) = (0f32, 0f32);
+    for (j, &w) in p.iter().enumerate() {
+        let v = values[j * hd + d];
+        if j % 2 == 0 {
+            even = w.mul_add(v, even);
+        } else {
+            odd = w.mul_add(v, odd);
+        }
+    }
+    (even + odd) * inv
+}
+
+/// Dimensions in chunks of 64 (four vectors, the last masked), keys two at a time.
+///
+/// # Safety
+/// AVX-512 F; lengths as [`weighted_values`] checked.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn weighted_avx512(values: &[f32], hd: usize, p: &[f32], inv: f32, o: &mut [f32]) {
+    let vp = values.as_ptr();
+    let n = p.len();
+    for d0 in (0..hd).step_by(64) {
+        let masks: [__mmask16; 4] = std::array::from_fn(|i| {
+            let lo = d0 + 16 * i;
+            let len = hd.saturating_sub(lo).min(16);
+            ((1u32 << len) - 1) as u16
+        });
+        let mut even = [_mm512_setzero_ps(); 4];
+        let mut odd = [_mm512_setzero_ps(); 4];
+        let mut j = 0;
+        while j + 2 <= n {
+            let (w0, w1) = (_mm512_set1_ps(p[j]), _mm512_set1_ps(p[j + 1]));
+            for i in 0..4 {
+                let at = d0 + 16 * i;
+                let v0 = _mm512_maskz_loadu_ps(masks[i], vp.add(j * hd + at));
+                let v1 = _mm512_maskz_loadu_ps(masks[i], vp.add((j + 1) * hd + at));
+                even[i] = _mm512_fmadd_ps(w0, v0, even[i]);
+                odd[i] = _mm512_fmadd_ps(w1, v1, odd[i]);
+            }
+            j += 2;
+        }
+        if j < n {
+            let w0 = _mm512_set1_ps(p[j]);
+            for i in 0..4 {
+                let v0 = _mm512_maskz_loadu_ps(masks[i], vp.add(j * hd + d0 + 16 * i));
+                even[i] = _mm512_fmadd_ps(w0, v0, even[i]);
+            }
+        }
+        let s = _mm512_set1_ps(inv);
+        for i in 0..4 {
+            let r = _mm512_mul_ps(_mm512_add_ps(even[i], odd[i]), s);
+            _mm512_mask_storeu_ps(o.as_mut_ptr().add(d0 + 16 * i), masks[i], r);
+        }
+    }
+}
+
+/// Dimensions in chunks of 32 (four 8-lane vectors), keys two at a time; a tail of fewer
+/// than 8 dimensions in scalar code with the same operations.
+///
+/// # Safety
+/// AVX2 and FMA; lengths as [`weighted_values`] checked.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn weighted_avx2(values: &[f32], hd: usize, p: &[f32], inv: f32, o: &mut [f32]) {
+    let vp = values.as_ptr();
+    let n = p.len();
+    let vec_dims = hd / 8 * 8;
+    for d0 in (0..vec_dims).step_by(32) {
+        let lanes = ((vec_dims - d0) / 8).min(4);
+        let mut even = [_mm256_setzero_ps(); 4];
+        let mut odd = [_mm256_setzero_ps(); 4];
+        let mut j = 0;
+        while j + 2 <= n {
+            let (w0, w1) = (_mm256_set1_ps(p[j]), _mm256_set1_ps(p[j + 1]));
+            for i in 0..lanes {
+                let at = d0 + 8 * i;
+                even[i] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vp.add(j * hd + at)), even[i]);
+                odd[i] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(vp.add((j + 1) * hd + at)), odd[i]);
+            }
+            j += 2;
+        }
+        if j < n {
+            let w0 = _mm256_set1_ps(p[j]);
+            for i in 0..lanes {
+                let at = d0 + 8 * i;
+                even[i] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vp.add(j * hd + at)), even[i]);
+            }
+        }
+        let s = _mm256_set1_ps(inv);
+        for i in 0..lanes {
+            let r = _mm256_mul_ps(_mm256_add_ps(even[i], odd[i]), s);
+            _mm256_storeu_ps(o.as_mut_ptr().add(d0 + 8 * i), r);
+        }
+    }
+    for d in vec_dims..hd {
+        o[d] = weighted_dim(values, hd, p, inv, d);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rng(seed: u64) -> impl FnMut() -> f32 {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        }
+    }
+
+    #[test]
+    fn exp_poly_is_within_two_ulp_of_exp() {
+        let mut worst = 0u32;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (a, b) = (exp_poly(x), x.exp());
+            let ulp = (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs() as u32;
+            worst = worst.max(ulp);
+            x += 0.0137;
+        }
+        assert!(worst <= 2, "exp_poly is {worst} ulp from exp");
+        assert_eq!(exp_poly(0.0), 1.0);
+        assert_eq!(exp_poly(-100.0), 0.0);
+        assert_eq!(exp_poly(f32::NEG_INFINITY), 0.0);
+        assert!(exp_poly(f32::NAN).is_nan());
+    }
+
+    /// Every level against the scalar one, bit for bit, at head sizes that are not powers
+    /// of two and spans that start and end inside tiles.
+    #[test]
+    fn every_level_agrees_with_scalar_bit_for_bit() {
+        for hd in [24usize, 40, 64, 72, 80, 128, 200] {
+            let mut r = rng(hd as u64);
+            let tiles_n = 7;
+            let tiles: Vec<f32> = (0..tiles_n * hd * KEY_TILE).map(|_| r() * 3.0).collect();
+            let q: Vec<f32> = (0..hd).map(|_| r()).collect();
+            let values: Vec<f32> = (0..tiles_n * KEY_TILE * hd).map(|_| r()).collect();
+            let mut want = None;
+            for k in Kernel::available() {
+                let mut out = vec![f32::NAN; tiles_n * KEY_TILE];
+                scores(k, &tiles, hd, &q, 1, tiles_n, &mut out);
+                let n = (tiles_n - 1) * KEY_TILE - 5;
+                let s = &mut out[3..3 + n];
+                let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let sum = softmax_exp(k, s, max);
+                let mut o = vec![f32::NAN; hd];
+                weighted_values(k, &values[hd..], hd, s, 1.0 / sum, &mut o);
+                let got: Vec<u32> = out.iter().chain(&o).map(|v| v.to_bits()).collect();
+                match &want {
+                    None => want = Some(got),
+                    Some(w) => assert_eq!(&got, w, "hd {hd}: {k:?} differs from scalar"),
+                }
+            }
+        }
+    }
+
+    /// The kernels against a plain f64 attention.
+    #[test]
+    fn attention_matches_f64() {
+        for hd in [40usize, 64] {
+            let mut r = rng(7 + hd as u64);
+            let n = 37;
+            let keys: Vec<Vec<f32>> = (0..n)
+                .map(|_| (0..hd).map(|_| r() * 2.0).collect())
+                .collect();
+            let vals: Vec<f32> = (0..n * hd).map(|_| r()).collect();
+            let q: Vec<f32> = (0..hd).map(|_| r()).collect();
+            let tn = n.div_ceil(KEY_TILE);
+            let mut tiles = vec![0f32; tn * hd * KEY_TILE];
+            for (p, key) in keys.iter().enumerate() {
+                for (d, &v) in key.iter().enumerate() {
+                    tiles[(p / KEY_TILE * hd + d) * KEY_TILE + p % KEY_TILE] = v;
+                }
+            }
+            let s: Vec<f64> = keys
+                .iter()
+                .map(|key| key.iter().zip(&q).map(|(&a, &b)| a as f64 * b as f64).sum())
+                .collect();
+            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for k in Kernel::available() {
+                let mut out = vec![0f32; tn * KEY_TILE];
+                scores(k, &tiles, hd, &q, 0, tn, &mut out);
+                let sc = &mut out[..n];
+                for (a, b) in sc.iter().zip(&s) {
+                    assert!((*a as f64 - b).abs() < 1e-4, "{k:?} score {a} vs {b}");
+                }
+                let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let sum = softmax_exp(k, sc, max);
+                let mut o = vec![0f32; hd];
+                weighted_values(k, &vals, hd, sc, 1.0 / sum, &mut o);
+                for d in 0..hd {
+                    let want: f64 = (0..n).map(|j| e[j] / z * vals[j * hd + d] as f64).sum();
+                    assert!(
+                        (o[d] as f64 - want).abs() < 1e-5,
+                        "{k:?} hd {hd} dim {d}: {} vs {want}",
+                        o[d]
+                    );
+                }
+            }
+        }
+    }
+}
