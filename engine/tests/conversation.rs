@@ -15,7 +15,7 @@ use cortiq_engine::format::shards::CmfModel;
 use cortiq_engine::model::{Model, Precision};
 use cortiq_engine::runtime::sampler::SamplingParams;
 use cortiq_engine::runtime::session::{
-    token_probs, GenerateParams, Session, Step, StopReason, TOP_ALTERNATIVES,
+    token_probs, GenerateParams, Session, Step, StopReason, PREFILL_CHUNK, TOP_ALTERNATIVES,
 };
 
 fn model() -> Arc<Model> {
@@ -118,18 +118,19 @@ fn token_probs_handles_nan_and_short_vocabularies() {
 #[test]
 fn stepping_equals_generate_and_cancel_keeps_the_prefix() {
     let m = model();
-    let prompt: Vec<u32> = (3..150).collect(); // three prefill chunks
+    let c = PREFILL_CHUNK;
+    let prompt: Vec<u32> = (3..3 + 2 * c as u32 + 19).collect(); // three prefill chunks
     let params = GenerateParams {
         max_tokens: 8,
         sampling: SamplingParams::greedy(),
         stop_ids: vec![],
     };
-    let mut a = Session::new(m.clone(), 256);
+    let mut a = Session::new(m.clone(), 4 * c);
     let (ids, _) = a.generate(&prompt, &params, None, &mut |_| {}).unwrap();
-    let mut b = Session::new(m.clone(), 256);
+    let mut b = Session::new(m.clone(), 4 * c);
     let mut g = b.start(&prompt, &params).unwrap();
     let mut steps = Vec::new();
-    // Cancel after the second prefill chunk: nothing generated, the cache holds 128.
+    // Cancel after the second prefill chunk: nothing generated, the cache holds two.
     for _ in 0..2 {
         steps.push(g.next().unwrap());
     }
@@ -145,19 +146,19 @@ fn stepping_equals_generate_and_cancel_keeps_the_prefix() {
         steps,
         vec![
             Step::Prefill {
-                done: 64,
-                total: 147
+                done: c,
+                total: prompt.len()
             },
             Step::Prefill {
-                done: 128,
-                total: 147
+                done: 2 * c,
+                total: prompt.len()
             }
         ]
     );
-    assert_eq!(b.tokens().len(), 128);
-    // The next start reuses those 128 positions and gives generate's answer.
+    assert_eq!(b.tokens().len(), 2 * c);
+    // The next start reuses those positions and gives generate's answer.
     let mut g = b.start(&prompt, &params).unwrap();
-    assert_eq!(g.prompt_split(), (19, 128));
+    assert_eq!(g.prompt_split(), (19, 2 * c));
     let mut out = Vec::new();
     loop {
         match g.next().unwrap() {

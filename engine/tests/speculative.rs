@@ -43,11 +43,11 @@ fn greedy(max_tokens: usize) -> GenerateParams {
     }
 }
 
-/// Prompts of 1 to 70 tokens (one crosses a prefill chunk), pseudo-random ids.
+/// Prompts of 1 to 140 tokens (one crosses a prefill chunk), pseudo-random ids.
 fn prompts(n: usize, vocab: u32) -> Vec<Vec<u32>> {
     (0..n)
         .map(|i| {
-            let len = [1, 2, 3, 5, 8, 13, 21, 34, 70][i % 9];
+            let len = [1, 2, 3, 5, 8, 13, 21, 34, 140][i % 9];
             (0..len)
                 .map(|j| ((i * 131 + j * 29 + 7) as u32) % vocab)
                 .collect()

@@ -96,7 +96,23 @@ pub(super) fn matmul(
                         Err(_) => &mut own,
                     };
                     let panel_words = panel_len(c4);
-                    buf.clear();
+                    if t <= tok_block {
+                        // One pass: pack a panel, run every token through it; while it
+                        // runs, the next panel's rows are fetched from memory.
+                        buf.resize(panel_words, 0);
+                        for p in panels.clone() {
+                            pack(g, bytes, sel, p * PANEL, n, c4, buf);
+                            let next = (p + 1 < panels.end)
+                                .then(|| panel_rows(g, bytes, sel, (p + 1) * PANEL, n));
+                            // SAFETY: `applies` demanded AVX-512 VNNI; the panel, the
+                            // activations and the outputs are sized as the kernel reads
+                            // them, and this task alone writes rows `p·32 ..` of `y`.
+                            unsafe {
+                                panel_tokens(buf, c4, u, d, 0..t, p * PANEL, n, out, next.as_ref())
+                            };
+                        }
+                        return;
+                    }
                     buf.resize(panels.len() * panel_words, 0);
                     for (p, chunk) in panels.clone().zip(buf.chunks_exact_mut(panel_words)) {
                         pack(g, bytes, sel, p * PANEL, n, c4, chunk);
@@ -104,11 +120,9 @@ pub(super) fn matmul(
                     for j0 in (0..t).step_by(tok_block) {
                         let toks = j0..(j0 + tok_block).min(t);
                         for (p, chunk) in panels.clone().zip(buf.chunks_exact(panel_words)) {
-                            // SAFETY: `applies` demanded AVX-512 VNNI; the panel, the
-                            // activations and the outputs are sized as the kernel reads them,
-                            // and this task alone writes rows `p·32 ..` of `y`.
+                            // SAFETY: as above.
                             unsafe {
-                                panel_tokens(chunk, c4, u, d, toks.clone(), p * PANEL, n, out)
+                                panel_tokens(chunk, c4, u, d, toks.clone(), p * PANEL, n, out, None)
                             };
                         }
                     }
@@ -117,13 +131,31 @@ pub(super) fn matmul(
     });
 }
 
+/// The weight rows of outputs `k0 .. k0 + 32` (those below `n`; the others empty).
+fn panel_rows<'a>(
+    g: Geom,
+    bytes: &'a [u8],
+    sel: Option<&[u32]>,
+    k0: usize,
+    n: usize,
+) -> [&'a [u8]; PANEL] {
+    std::array::from_fn(|i| {
+        if k0 + i < n {
+            let r = sel.map_or(k0 + i, |s| s[k0 + i] as usize);
+            &bytes[r * g.cols..(r + 1) * g.cols]
+        } else {
+            &[]
+        }
+    })
+}
+
 /// Words of one packed panel: the codes (four per word), then `Σ w` (i32) and the scale
 /// (f32 bits) per row.
 fn panel_len(c4: usize) -> usize {
     c4 * PANEL + 2 * PANEL
 }
 
-/// Packs output rows `k0 .. k0 + 32` (those below `n`; the rest zero) into `dst` (zeroed).
+/// Packs output rows `k0 .. k0 + 32` (those below `n`; the rest zero) into `dst`.
 fn pack(
     g: Geom,
     bytes: &[u8],
@@ -135,61 +167,54 @@ fn pack(
 ) {
     let l = Q8Layout::new(g);
     let live = PANEL.min(n - k0);
-    let row_of = |i: usize| sel.map_or(k0 + i, |s| s[k0 + i] as usize);
-    let rows: [&[u8]; PANEL] = std::array::from_fn(|i| {
-        if i < live {
-            let r = row_of(i);
-            &bytes[r * g.cols..(r + 1) * g.cols]
-        } else {
-            &[]
-        }
-    });
+    if live < PANEL {
+        dst.fill(0);
+    }
+    let rows = panel_rows(g, bytes, sel, k0, n);
     let (codes, tail) = dst.split_at_mut(c4 * PANEL);
+    let (sums, scales) = tail.split_at_mut(PANEL);
     // SAFETY: the panel kernel only runs where AVX-512 VNNI (hence F and BW) is present.
     #[cfg(target_arch = "x86_64")]
-    let done = unsafe { pack_avx512(&rows, live, g.cols, codes) };
+    let done = unsafe { pack_avx512(&rows, live, g.cols, codes, sums) };
     #[cfg(not(target_arch = "x86_64"))]
-    let done = 0;
+    let done = {
+        sums.fill(0);
+        0
+    };
     for (i, row) in rows.iter().enumerate().take(live) {
+        let mut sum = 0i32;
         for (c, four) in row.chunks(4).enumerate().skip(done) {
             let mut w = [0u8; 4];
             w[..four.len()].copy_from_slice(four);
             codes[c * PANEL + i] = u32::from_le_bytes(w);
+            sum += four.iter().map(|&b| b as i8 as i32).sum::<i32>();
         }
+        sums[i] = (sums[i] as i32).wrapping_add(sum) as u32;
+        let r = sel.map_or(k0 + i, |s| s[k0 + i] as usize);
+        scales[i] = h2f_scalar(le16(bytes, l.scales + 2 * r)).to_bits();
     }
-    let (sums, scales) = tail.split_at_mut(PANEL);
-    for (i, row) in rows.iter().enumerate().take(live) {
-        sums[i] = row_sum(row) as u32;
-        scales[i] = h2f_scalar(le16(bytes, l.scales + 2 * row_of(i))).to_bits();
-    }
-}
-
-/// `Σ w` of a row of signed codes (vectorised where the CPU allows).
-fn row_sum(row: &[u8]) -> i32 {
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn avx2(row: &[u8]) -> i32 {
-        row.iter().map(|&b| b as i8 as i32).sum()
-    }
-    #[cfg(target_arch = "x86_64")]
-    if super::kernel::Kernel::Avx2.is_available() {
-        // SAFETY: AVX2 is present (checked just above).
-        return unsafe { avx2(row) };
-    }
-    row.iter().map(|&b| b as i8 as i32).sum()
 }
 
 /// The whole 64-column blocks of `rows` (the first `live` of them; the others zero) into
 /// the panel's code words: per block and half panel, 16 rows × 16 words transposed in
-/// registers. Returns the words per row it wrote (a multiple of 16).
+/// registers, and their rows' `Σ w` into `sums` (by `vpdpbusd` against ones). Returns the
+/// words per row it wrote (a multiple of 16).
 ///
 /// # Safety
-/// AVX-512 F; `codes` holds `ceil(cols/4)·32` words.
+/// AVX-512 F/BW/VNNI; `codes` holds `ceil(cols/4)·32` words.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn pack_avx512(rows: &[&[u8]; PANEL], live: usize, cols: usize, codes: &mut [u32]) -> usize {
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn pack_avx512(
+    rows: &[&[u8]; PANEL],
+    live: usize,
+    cols: usize,
+    codes: &mut [u32],
+    sums: &mut [u32],
+) -> usize {
     let blocks = cols / 64;
-    assert!(codes.len() >= blocks * 16 * PANEL);
+    assert!(codes.len() >= blocks * 16 * PANEL && sums.len() == PANEL);
+    let ones = _mm512_set1_epi8(1);
+    let mut sum = [_mm512_setzero_si512(); 2];
     let idx = |b: usize, hi: bool| {
         let v: [i32; 16] = std::array::from_fn(|l| {
             let l = l as i32;
@@ -223,8 +248,12 @@ unsafe fn pack_avx512(rows: &[&[u8]; PANEL], live: usize, cols: usize, codes: &m
             for (c, v) in r.iter().enumerate() {
                 let at = (16 * blk + c) * PANEL + 16 * half;
                 _mm512_storeu_si512(codes.as_mut_ptr().add(at) as *mut _, *v);
+                sum[half] = _mm512_dpbusd_epi32(sum[half], ones, *v);
             }
         }
+    }
+    for (half, s) in sum.iter().enumerate() {
+        _mm512_storeu_si512(sums.as_mut_ptr().add(16 * half) as *mut _, *s);
     }
     blocks * 16
 }
@@ -284,17 +313,19 @@ unsafe fn panel_tokens(
     k0: usize,
     n: usize,
     out: Out,
+    next: Option<&[&[u8]; PANEL]>,
 ) {
     let mut j = toks.start;
     while j < toks.end {
         let left = toks.end - j;
+        let pf = next.filter(|_| j == toks.start);
         match left.min(TILE_TOKENS) {
-            6 => tile::<6>(panel, c4, u, d, j, k0, n, out),
-            5 => tile::<5>(panel, c4, u, d, j, k0, n, out),
-            4 => tile::<4>(panel, c4, u, d, j, k0, n, out),
-            3 => tile::<3>(panel, c4, u, d, j, k0, n, out),
-            2 => tile::<2>(panel, c4, u, d, j, k0, n, out),
-            _ => tile::<1>(panel, c4, u, d, j, k0, n, out),
+            6 => tile::<6>(panel, c4, u, d, j, k0, n, out, pf),
+            5 => tile::<5>(panel, c4, u, d, j, k0, n, out, pf),
+            4 => tile::<4>(panel, c4, u, d, j, k0, n, out, pf),
+            3 => tile::<3>(panel, c4, u, d, j, k0, n, out, pf),
+            2 => tile::<2>(panel, c4, u, d, j, k0, n, out, pf),
+            _ => tile::<1>(panel, c4, u, d, j, k0, n, out, pf),
         }
         j += left.min(TILE_TOKENS);
     }
@@ -311,11 +342,14 @@ unsafe fn panel_tokens(
     _: usize,
     _: usize,
     _: Out,
+    _: Option<&[&[u8]; PANEL]>,
 ) {
     unreachable!("the panel kernel needs AVX-512 VNNI")
 }
 
-/// 32 rows × `T` tokens from token `j0`.
+/// 32 rows × `T` tokens from token `j0`; with `next`, two cache lines of those rows
+/// (the next panel's) are asked for per step, into L2, so that its packing does not wait
+/// on memory: `2·c4` lines per pass, the whole panel.
 ///
 /// # Safety
 /// As [`panel_tokens`], with `j0 + T ≤ d.len()`.
@@ -331,12 +365,45 @@ unsafe fn tile<const T: usize>(
     k0: usize,
     n: usize,
     out: Out,
+    next: Option<&[&[u8]; PANEL]>,
+) {
+    if let Some(rows) = next {
+        return tile_body::<T, true>(panel, c4, u, d, j0, k0, n, out, rows);
+    }
+    tile_body::<T, false>(panel, c4, u, d, j0, k0, n, out, &[&[]; PANEL])
+}
+
+/// The body of [`tile`], with or without the prefetches.
+///
+/// # Safety
+/// As [`tile`].
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn tile_body<const T: usize, const PREFETCH: bool>(
+    panel: &[u32],
+    c4: usize,
+    u: &[u32],
+    d: &[f32],
+    j0: usize,
+    k0: usize,
+    n: usize,
+    out: Out,
+    next: &[&[u8]; PANEL],
 ) {
     let w = panel.as_ptr();
     let up: [*const u32; T] = std::array::from_fn(|q| u.as_ptr().add((j0 + q) * 2 * c4));
     let mut a = [[_mm512_setzero_si512(); T]; 2];
     let mut b = [[_mm512_setzero_si512(); T]; 2];
     for c in 0..c4 {
+        if PREFETCH {
+            for line in [2 * c, 2 * c + 1] {
+                let (i, at) = (line % PANEL, 64 * (line / PANEL));
+                if at < next[i].len() {
+                    _mm_prefetch::<_MM_HINT_T1>(next[i].as_ptr().add(at) as *const i8);
+                }
+            }
+        }
         let w0 = _mm512_loadu_si512(w.add(c * PANEL) as *const _);
         let w1 = _mm512_loadu_si512(w.add(c * PANEL + 16) as *const _);
         for q in 0..T {

@@ -20,7 +20,7 @@ use crate::model::{Logits, Model, ModelError, Workspace};
 
 /// Tokens per prefill forward: large enough for the matrix products to reuse each weight
 /// row across many tokens, small enough to keep the workspace in the megabytes.
-pub const PREFILL_CHUNK: usize = 64;
+pub const PREFILL_CHUNK: usize = 128;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct GenerateParams {
