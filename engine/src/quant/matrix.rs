@@ -5,7 +5,9 @@
 //! - [`matvec`]: `y = W·x` (decode, one token), rows split over the rayon pool;
 //! - [`matmul`]: `Y = X·Wᵀ` for `t` activation rows (prefill), in register blocks of 4
 //!   weight rows × 4 activations: each weight row is decoded once per 4 activations, each
-//!   activation loaded once per 4 rows;
+//!   activation loaded once per 4 rows; at the default precision on AVX-512 VNNI, `q8` and
+//!   `q4` products run as packed panels instead ([`super::panel`]: 32 rows in the vector
+//!   lanes, no horizontal sums);
 //! - [`Matrix::row`]: one row decoded (embedding lookup).
 //!
 //! `W` is `[rows = out, cols = in]` as everywhere in CMF.
@@ -25,7 +27,10 @@
 //! activations per group of 32 to int8 — two levels, the codes and their residual, or
 //! one — and use integer dot products for the `q8`, `q4` and `q1t` dtypes. For one [`Kernel`]
 //! and precision, `matmul` gives bit for bit the values of `t` separate `matvec`s
-//! (prefill and decode agree exactly).
+//! (prefill and decode agree exactly), with one exception: at the two-level precision on
+//! AVX-512 VNNI, a `q4` product of at least [`super::panel`]'s 16 tokens adds its exact
+//! per-group terms in another f32 order (within the same bound), the price of the packed
+//! panels that make prefill several times faster there. `q8` panels stay bit for bit.
 //!
 //! Threads: rows are split over the current rayon pool; each task writes its own part of
 //! `y`, and nothing is allocated per call (the per-thread scratch rows and quantized
@@ -38,11 +43,11 @@ use rayon::prelude::*;
 
 use super::f16s::{DecodedRows, F32Rows, HalfRows};
 use super::kernel::{run, run_int, ActOrder, IntRows, QToken, QuantizedActs, Rows};
+use super::panel;
 use super::q1::{self, Q1sRowIndex};
 use super::q1t_kernel::{self, Q1tActs, Q1tOverlay, Q1tProduct};
 use super::q4::{Q4Rows, Q4tpRows, GROUP};
 use super::q8::{Q8Layout, Q8Rows};
-use super::q8_panel;
 use super::{decode_row, geometry, validate, vbit, Geom, QuantError};
 use crate::format::dtype::DType;
 
@@ -777,9 +782,16 @@ fn matmul_impl(m: &Matrix, bytes: &[u8], acts: Acts, t: usize, sel: Option<&[u32
         return q1t_kernel::matmul(&cx, y);
     }
     if let Acts::Int(qa) = acts {
-        let row_scaled = matches!(m.dtype, DType::Q8Row | DType::Q8_2f);
-        if row_scaled && q8_panel::applies(qa, m.cols, m.kernel.has_vnni()) {
-            return q8_panel::matmul(m.geom, bytes, qa, t, sel, y);
+        use panel::{Family, Q4Kind};
+        let fam = match m.dtype {
+            DType::Q8Row | DType::Q8_2f => Some(Family::Q8),
+            DType::Q4Block if m.is_fused() => Some(Family::Q4(Q4Kind::Block)),
+            DType::Q4Tiled if m.is_fused() => Some(Family::Q4(Q4Kind::Tiled)),
+            DType::Q4tp => Some(Family::Q4(Q4Kind::Tp)),
+            _ => None,
+        };
+        if let Some(fam) = fam.filter(|&f| panel::applies(f, qa, m.cols, t, m.kernel.has_vnni())) {
+            return panel::matmul(fam, m.geom, bytes, qa, t, sel, y);
         }
     }
     let n = y.len() / t;

@@ -28,11 +28,11 @@
 pub mod f16s;
 pub mod kernel;
 pub mod matrix;
+mod panel;
 pub mod q1;
 mod q1t_kernel;
 pub mod q4;
 pub mod q8;
-mod q8_panel;
 pub mod rows;
 pub mod vbit;
 

@@ -1,5 +1,5 @@
-//! Prefill's `q8` products at the default precision as a blocked matrix-matrix product on
-//! AVX-512 VNNI: weight rows packed into panels, 16 rows per vector.
+//! Prefill's `q8` and `q4` products at the default precision as a blocked matrix-matrix
+//! product on AVX-512 VNNI: weight rows packed into panels, 16 rows per vector.
 //!
 //! [`super::kernel::run_wide`] sums a row's codes against a token's int16 activation codes
 //! `k = 256·q + q₂` with the columns in the vector lanes, and so ends every (row, token)
@@ -18,6 +18,13 @@
 //! f64, and what follows — rounding to f32, times the token's scale, times the row scale —
 //! is what `run_wide` does with its exact i64 sum. So the values are those of the decode
 //! path bit for bit (prefill and decode agree, as everywhere in [`super::matrix`]).
+//!
+//! `q4` panels hold the codes `nibble − 8` as bytes in the activations' order, and per group
+//! and row its scale and `Σ w`: a group's two level sums start from zero, combine into its
+//! exact integer `Σ c·(256·q + q₂)` (less the unsigned offset), and one f32 multiply-add
+//! with the group's scale adds it to the row ([`tile_q4`]). The matrix-vector kernel adds
+//! the same exact group terms in another order, so here the values agree within the f32
+//! bound rather than bit for bit; hence [`Q4_MIN_TOKENS`].
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -25,8 +32,12 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+use super::kernel::IntRowsSimd;
 use super::kernel::{h2f_scalar, le16, QuantizedActs};
 use super::matrix::Out;
+#[cfg(target_arch = "x86_64")]
+use super::q4::{Q4Rows, Q4tpRows};
 use super::q8::Q8Layout;
 use super::Geom;
 
@@ -45,10 +56,37 @@ thread_local! {
     static UACTS: RefCell<(Vec<u32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Whether this product runs here: `q8` codes (row-scaled: `q8_row`, or `q8_2f` whose
-/// column field is in the activations) at the two-level precision, on AVX-512 VNNI.
-pub(super) fn applies(qa: &QuantizedActs, cols: usize, vnni: bool) -> bool {
-    vnni && qa.is_split() && cols <= MAX_COLS && cfg!(target_arch = "x86_64")
+/// The weight layouts the panels take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Family {
+    /// Row-scaled codes: `q8_row`, or `q8_2f` whose column field is in the activations.
+    Q8,
+    /// Nibbles with a scale per group of 32 (`cols % 32 == 0`).
+    Q4(Q4Kind),
+}
+
+/// Which `q4` layout (see [`super::q4`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Q4Kind {
+    Block,
+    Tiled,
+    Tp,
+}
+
+/// Fewest tokens a `q4` product runs here with. Its per-group terms are added in another
+/// order than the matrix-vector kernel's (within the same f32 bound, not bit for bit), so
+/// short products — a speculative draft's verification among them — keep the decode
+/// kernel, whose values greedy decoding is compared with.
+pub(super) const Q4_MIN_TOKENS: usize = 16;
+
+/// Whether this product runs here: at the two-level precision, on AVX-512 VNNI, `q8`
+/// products of any length and `q4` products of [`Q4_MIN_TOKENS`] tokens or more.
+pub(super) fn applies(fam: Family, qa: &QuantizedActs, cols: usize, t: usize, vnni: bool) -> bool {
+    let long_enough = match fam {
+        Family::Q8 => true,
+        Family::Q4(_) => t >= Q4_MIN_TOKENS && cols.is_multiple_of(32),
+    };
+    vnni && long_enough && qa.is_split() && cols <= MAX_COLS && cfg!(target_arch = "x86_64")
 }
 
 /// `y[j, i] = post_r · d_j · Σ_c w[r, c]·k[j, c]` for the output rows `r` of `sel` (or all),
@@ -57,6 +95,7 @@ pub(super) fn applies(qa: &QuantizedActs, cols: usize, vnni: bool) -> bool {
 /// # Panics
 /// Unless [`applies`] (the CPU must have AVX-512 VNNI) and the sizes agree.
 pub(super) fn matmul(
+    fam: Family,
     g: Geom,
     bytes: &[u8],
     qa: &QuantizedActs,
@@ -95,34 +134,56 @@ pub(super) fn matmul(
                         Ok(b) => b,
                         Err(_) => &mut own,
                     };
-                    let panel_words = panel_len(c4);
+                    let panel_words = panel_len(fam, c4);
                     if t <= tok_block {
                         // One pass: pack a panel, run every token through it; while it
                         // runs, the next panel's rows are fetched from memory.
                         buf.resize(panel_words, 0);
                         for p in panels.clone() {
-                            pack(g, bytes, sel, p * PANEL, n, c4, buf);
-                            let next = (p + 1 < panels.end)
+                            pack(fam, g, bytes, sel, p * PANEL, n, c4, buf);
+                            let next = (p + 1 < panels.end && fam == Family::Q8)
                                 .then(|| panel_rows(g, bytes, sel, (p + 1) * PANEL, n));
                             // SAFETY: `applies` demanded AVX-512 VNNI; the panel, the
                             // activations and the outputs are sized as the kernel reads
                             // them, and this task alone writes rows `p·32 ..` of `y`.
                             unsafe {
-                                panel_tokens(buf, c4, u, d, 0..t, p * PANEL, n, out, next.as_ref())
+                                panel_tokens(
+                                    fam,
+                                    buf,
+                                    c4,
+                                    u,
+                                    d,
+                                    0..t,
+                                    p * PANEL,
+                                    n,
+                                    out,
+                                    next.as_ref(),
+                                )
                             };
                         }
                         return;
                     }
                     buf.resize(panels.len() * panel_words, 0);
                     for (p, chunk) in panels.clone().zip(buf.chunks_exact_mut(panel_words)) {
-                        pack(g, bytes, sel, p * PANEL, n, c4, chunk);
+                        pack(fam, g, bytes, sel, p * PANEL, n, c4, chunk);
                     }
                     for j0 in (0..t).step_by(tok_block) {
                         let toks = j0..(j0 + tok_block).min(t);
                         for (p, chunk) in panels.clone().zip(buf.chunks_exact(panel_words)) {
                             // SAFETY: as above.
                             unsafe {
-                                panel_tokens(chunk, c4, u, d, toks.clone(), p * PANEL, n, out, None)
+                                panel_tokens(
+                                    fam,
+                                    chunk,
+                                    c4,
+                                    u,
+                                    d,
+                                    toks.clone(),
+                                    p * PANEL,
+                                    n,
+                                    out,
+                                    None,
+                                )
                             };
                         }
                     }
@@ -149,14 +210,21 @@ fn panel_rows<'a>(
     })
 }
 
-/// Words of one packed panel: the codes (four per word), then `Σ w` (i32) and the scale
-/// (f32 bits) per row.
-fn panel_len(c4: usize) -> usize {
-    c4 * PANEL + 2 * PANEL
+/// Words of one packed panel. `q8`: the codes (four per word), then `Σ w` (i32) and the
+/// scale (f32 bits) per row. `q4`: the codes (signed, `nibble − 8`, in the activations'
+/// order; whole 64-column blocks), then per group and row `32896·Σ w` (i32) and the
+/// group's scale.
+fn panel_len(fam: Family, c4: usize) -> usize {
+    match fam {
+        Family::Q8 => c4 * PANEL + 2 * PANEL,
+        Family::Q4(_) => c4.next_multiple_of(16) * PANEL + 2 * (c4 / 8) * PANEL,
+    }
 }
 
 /// Packs output rows `k0 .. k0 + 32` (those below `n`; the rest zero) into `dst`.
+#[allow(clippy::too_many_arguments)]
 fn pack(
+    fam: Family,
     g: Geom,
     bytes: &[u8],
     sel: Option<&[u32]>,
@@ -165,6 +233,44 @@ fn pack(
     c4: usize,
     dst: &mut [u32],
 ) {
+    if let Family::Q4(kind) = fam {
+        #[cfg(target_arch = "x86_64")]
+        for half in 0..2 {
+            let live = n.saturating_sub(k0 + 16 * half).min(16);
+            // Rows past `n` read row 0's bytes (any valid row) and are zeroed.
+            let rs: [usize; 16] = std::array::from_fn(|i| {
+                let k = k0 + 16 * half + i;
+                if i < live {
+                    sel.map_or(k, |s| s[k] as usize)
+                } else {
+                    0
+                }
+            });
+            // SAFETY: the panel kernel only runs where AVX-512 VNNI is present.
+            unsafe {
+                match kind {
+                    Q4Kind::Block => pack_q4(
+                        &Q4Rows::<16, false>::new_at(g, bytes, rs),
+                        live,
+                        half,
+                        c4,
+                        dst,
+                    ),
+                    Q4Kind::Tiled => pack_q4(
+                        &Q4Rows::<16, true>::new_at(g, bytes, rs),
+                        live,
+                        half,
+                        c4,
+                        dst,
+                    ),
+                    Q4Kind::Tp => {
+                        pack_q4(&Q4tpRows::<16>::new_at(g, bytes, rs), live, half, c4, dst)
+                    }
+                }
+            }
+        }
+        return;
+    }
     let l = Q8Layout::new(g);
     let live = PANEL.min(n - k0);
     if live < PANEL {
@@ -204,6 +310,7 @@ fn pack(
 /// AVX-512 F/BW/VNNI; `codes` holds `ceil(cols/4)·32` words.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[allow(clippy::needless_range_loop)]
 unsafe fn pack_avx512(
     rows: &[&[u8]; PANEL],
     live: usize,
@@ -215,20 +322,7 @@ unsafe fn pack_avx512(
     assert!(codes.len() >= blocks * 16 * PANEL && sums.len() == PANEL);
     let ones = _mm512_set1_epi8(1);
     let mut sum = [_mm512_setzero_si512(); 2];
-    let idx = |b: usize, hi: bool| {
-        let v: [i32; 16] = std::array::from_fn(|l| {
-            let l = l as i32;
-            let b = b as i32;
-            match (l & b == 0, hi) {
-                (true, false) => l,
-                (false, false) => 16 + l - b,
-                (true, true) => l + b,
-                (false, true) => 16 + l,
-            }
-        });
-        _mm512_loadu_si512(v.as_ptr() as *const _)
-    };
-    let levels = [8usize, 4, 2, 1].map(|b| (idx(b, false), idx(b, true)));
+    let levels = transpose_indices();
     for blk in 0..blocks {
         for half in 0..2 {
             let mut r = [_mm512_setzero_si512(); 16];
@@ -241,10 +335,7 @@ unsafe fn pack_avx512(
                     *r = _mm512_loadu_si512(p as *const _);
                 }
             }
-            transpose_level::<8>(&mut r, levels[0]);
-            transpose_level::<4>(&mut r, levels[1]);
-            transpose_level::<2>(&mut r, levels[2]);
-            transpose_level::<1>(&mut r, levels[3]);
+            transpose16(&mut r, &levels);
             for (c, v) in r.iter().enumerate() {
                 let at = (16 * blk + c) * PANEL + 16 * half;
                 _mm512_storeu_si512(codes.as_mut_ptr().add(at) as *mut _, *v);
@@ -256,6 +347,101 @@ unsafe fn pack_avx512(
         _mm512_storeu_si512(sums.as_mut_ptr().add(16 * half) as *mut _, *s);
     }
     blocks * 16
+}
+
+/// Half `half` (16 rows, `live` of them real) of a `q4` panel: per pair of groups the
+/// rows' codes in the activations' order (`nibble − 8`), transposed as the `q8` panel's,
+/// each group's `Σ w` (times 32896 = 128·257: the unsigned offset of both levels, see
+/// [`tile_q4`]) and scale.
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI; `dst` is one panel of `c4` words per row (`cols % 32 == 0`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn pack_q4<D: IntRowsSimd>(d: &D, live: usize, half: usize, c4: usize, dst: &mut [u32]) {
+    let groups = c4 / 8;
+    let c4p = c4.next_multiple_of(16);
+    assert!(dst.len() == panel_len(Family::Q4(Q4Kind::Block), c4) && D::OFFSET8);
+    let (codes, tail) = dst.split_at_mut(c4p * PANEL);
+    let (corr, scales) = tail.split_at_mut(groups * PANEL);
+    let levels = transpose_indices();
+    let (ones, eight) = (_mm512_set1_epi8(1), _mm512_set1_epi8(8));
+    for pair in 0..groups.div_ceil(2) {
+        let g0 = 2 * pair;
+        let two = g0 + 1 < groups;
+        let mut r = [_mm512_setzero_si512(); 16];
+        for (i, r) in r.iter_mut().enumerate().take(live) {
+            let lo = d.load_u8(i, g0);
+            let hi = if two {
+                d.load_u8(i, g0 + 1)
+            } else {
+                _mm256_set1_epi8(8)
+            };
+            let u = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+            *r = _mm512_sub_epi8(u, eight);
+        }
+        transpose16(&mut r, &levels);
+        let mut sums = [_mm512_setzero_si512(); 2];
+        for (c, v) in r.iter().enumerate() {
+            let at = (16 * pair + c) * PANEL + 16 * half;
+            _mm512_storeu_si512(codes.as_mut_ptr().add(at) as *mut _, *v);
+            sums[c / 8] = _mm512_dpbusd_epi32(sums[c / 8], ones, *v);
+        }
+        for (k, s) in sums.iter().enumerate().take(if two { 2 } else { 1 }) {
+            let at = (g0 + k) * PANEL + 16 * half;
+            let scaled = _mm512_mullo_epi32(*s, _mm512_set1_epi32(Q4_OFFSET));
+            _mm512_storeu_si512(corr.as_mut_ptr().add(at) as *mut _, scaled);
+        }
+    }
+    for g in 0..groups {
+        for i in 0..16 {
+            let s = if i < live {
+                d.group_scale_simd(i, g)
+            } else {
+                0.0
+            };
+            scales[g * PANEL + 16 * half + i] = s.to_bits();
+        }
+    }
+}
+
+/// `256·128 + 128`: what the unsigned activation bytes (`q + 128`, `q₂ + 128`) add to
+/// `256·Σ w·q + Σ w·q₂` per unit of `Σ w`.
+const Q4_OFFSET: i32 = 32896;
+
+/// The index vectors of the four levels of [`transpose16`].
+///
+/// # Safety
+/// AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn transpose_indices() -> [(__m512i, __m512i); 4] {
+    let idx = |b: usize, hi: bool| {
+        let v: [i32; 16] = std::array::from_fn(|l| {
+            let (l, b) = (l as i32, b as i32);
+            match (l & b == 0, hi) {
+                (true, false) => l,
+                (false, false) => 16 + l - b,
+                (true, true) => l + b,
+                (false, true) => 16 + l,
+            }
+        });
+        _mm512_loadu_si512(v.as_ptr() as *const _)
+    };
+    [8usize, 4, 2, 1].map(|b| (idx(b, false), idx(b, true)))
+}
+
+/// Transposes 16 × 16 words in `r`: vector `c` becomes word `c` of every input vector.
+///
+/// # Safety
+/// AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn transpose16(r: &mut [__m512i; 16], levels: &[(__m512i, __m512i); 4]) {
+    transpose_level::<8>(r, levels[0]);
+    transpose_level::<4>(r, levels[1]);
+    transpose_level::<2>(r, levels[2]);
+    transpose_level::<1>(r, levels[3]);
 }
 
 /// One level of the 16 × 16 word transpose: rows `i` and `i + B` (`i & B == 0`) swap
@@ -305,6 +491,7 @@ fn unsigned_acts(qa: &QuantizedActs, t: usize, c4: usize, u: &mut Vec<u32>) {
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
 unsafe fn panel_tokens(
+    fam: Family,
     panel: &[u32],
     c4: usize,
     u: &[u32],
@@ -316,6 +503,19 @@ unsafe fn panel_tokens(
     next: Option<&[&[u8]; PANEL]>,
 ) {
     let mut j = toks.start;
+    if let Family::Q4(_) = fam {
+        while j < toks.end {
+            let left = (toks.end - j).min(Q4_TILE_TOKENS);
+            match left {
+                4 => tile_q4::<4>(panel, c4, u, d, j, k0, n, out),
+                3 => tile_q4::<3>(panel, c4, u, d, j, k0, n, out),
+                2 => tile_q4::<2>(panel, c4, u, d, j, k0, n, out),
+                _ => tile_q4::<1>(panel, c4, u, d, j, k0, n, out),
+            }
+            j += left;
+        }
+        return;
+    }
     while j < toks.end {
         let left = toks.end - j;
         let pf = next.filter(|_| j == toks.start);
@@ -334,6 +534,7 @@ unsafe fn panel_tokens(
 #[cfg(not(target_arch = "x86_64"))]
 #[allow(clippy::too_many_arguments)]
 unsafe fn panel_tokens(
+    _: Family,
     _: &[u32],
     _: usize,
     _: &[u32],
@@ -404,16 +605,7 @@ unsafe fn tile_body<const T: usize, const PREFETCH: bool>(
                 }
             }
         }
-        let w0 = _mm512_loadu_si512(w.add(c * PANEL) as *const _);
-        let w1 = _mm512_loadu_si512(w.add(c * PANEL + 16) as *const _);
-        for q in 0..T {
-            let hi = _mm512_set1_epi32(*up[q].add(2 * c) as i32);
-            let lo = _mm512_set1_epi32(*up[q].add(2 * c + 1) as i32);
-            a[0][q] = _mm512_dpbusd_epi32(a[0][q], hi, w0);
-            a[1][q] = _mm512_dpbusd_epi32(a[1][q], hi, w1);
-            b[0][q] = _mm512_dpbusd_epi32(b[0][q], lo, w0);
-            b[1][q] = _mm512_dpbusd_epi32(b[1][q], lo, w1);
-        }
+        step::<T>(w, c, &up, &mut a, &mut b);
     }
     let tail = w.add(c4 * PANEL);
     for v in 0..2 {
@@ -449,5 +641,93 @@ unsafe fn tile_body<const T: usize, const PREFETCH: bool>(
             let at = (j0 + q) * n + k0 + 16 * v;
             _mm512_mask_storeu_ps(out.slice_ptr(at, rows), mask, r);
         }
+    }
+}
+
+/// Tokens per `q4` register tile: 2 row vectors × 4 tokens × (two level sums and the f32
+/// accumulator) = 24 registers.
+const Q4_TILE_TOKENS: usize = 4;
+
+/// 32 `q4` rows × `T` tokens from token `j0`. Per group of 32 columns: both levels' sums
+/// from zero (exact in i32), `D = 256·A + B − 32896·Σw` — the group's exact integer
+/// `Σ c·(256·q + q₂)` — converted to f32 (exact: |D| < 2²⁴) and multiply-added with the
+/// group's scale; the token's scale at the end.
+///
+/// # Safety
+/// As [`panel_tokens`], with a `q4` panel and `j0 + T ≤ d.len()`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn tile_q4<const T: usize>(
+    panel: &[u32],
+    c4: usize,
+    u: &[u32],
+    d: &[f32],
+    j0: usize,
+    k0: usize,
+    n: usize,
+    out: Out,
+) {
+    let groups = c4 / 8;
+    let w = panel.as_ptr();
+    let corr = w.add(c4.next_multiple_of(16) * PANEL);
+    let scales = corr.add(groups * PANEL) as *const f32;
+    let up: [*const u32; T] = std::array::from_fn(|q| u.as_ptr().add((j0 + q) * 2 * c4));
+    let mut acc = [[_mm512_setzero_ps(); T]; 2];
+    for g in 0..groups {
+        let mut a = [[_mm512_setzero_si512(); T]; 2];
+        let mut b = [[_mm512_setzero_si512(); T]; 2];
+        for c in 8 * g..8 * g + 8 {
+            step::<T>(w, c, &up, &mut a, &mut b);
+        }
+        for v in 0..2 {
+            let cv = _mm512_loadu_si512(corr.add(g * PANEL + 16 * v) as *const _);
+            let sv = _mm512_loadu_ps(scales.add(g * PANEL + 16 * v));
+            for q in 0..T {
+                let dot = _mm512_sub_epi32(
+                    _mm512_add_epi32(_mm512_slli_epi32::<8>(a[v][q]), b[v][q]),
+                    cv,
+                );
+                acc[v][q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sv, acc[v][q]);
+            }
+        }
+    }
+    for v in 0..2 {
+        let rows = n.saturating_sub(k0 + 16 * v).min(16);
+        if rows == 0 {
+            continue;
+        }
+        let mask = ((1u32 << rows) - 1) as __mmask16;
+        for q in 0..T {
+            let r = _mm512_mul_ps(acc[v][q], _mm512_set1_ps(d[j0 + q]));
+            _mm512_mask_storeu_ps(out.slice_ptr((j0 + q) * n + k0 + 16 * v, rows), mask, r);
+        }
+    }
+}
+
+/// Code word column `c` of a panel (32 rows × 4 columns) against `T` tokens: both levels'
+/// bytes broadcast, one `vpdpbusd` per row vector, token and level.
+///
+/// # Safety
+/// AVX-512 F/VNNI; `w` is a panel with column `c`, each `up[q]` a token's `2·(c + 1)` words.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn step<const T: usize>(
+    w: *const u32,
+    c: usize,
+    up: &[*const u32; T],
+    a: &mut [[__m512i; T]; 2],
+    b: &mut [[__m512i; T]; 2],
+) {
+    let w0 = _mm512_loadu_si512(w.add(c * PANEL) as *const _);
+    let w1 = _mm512_loadu_si512(w.add(c * PANEL + 16) as *const _);
+    for q in 0..T {
+        let hi = _mm512_set1_epi32(*up[q].add(2 * c) as i32);
+        let lo = _mm512_set1_epi32(*up[q].add(2 * c + 1) as i32);
+        a[0][q] = _mm512_dpbusd_epi32(a[0][q], hi, w0);
+        a[1][q] = _mm512_dpbusd_epi32(a[1][q], hi, w1);
+        b[0][q] = _mm512_dpbusd_epi32(b[0][q], lo, w0);
+        b[1][q] = _mm512_dpbusd_epi32(b[1][q], lo, w1);
     }
 }
