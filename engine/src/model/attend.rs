@@ -24,30 +24,13 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+#[cfg(target_arch = "x86_64")]
+use super::vmath::{exp256, exp512};
+use super::vmath::{exp_poly, level, reduce16, Level};
 use crate::quant::kernel::Kernel;
 
 /// Positions per key tile.
 pub const KEY_TILE: usize = 16;
-
-/// The instruction set a [`Kernel`] resolves to on this CPU.
-#[derive(Clone, Copy)]
-enum Level {
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    Scalar,
-}
-
-fn level(k: Kernel) -> Level {
-    match k {
-        #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512 if k.is_available() => Level::Avx512,
-        #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512 | Kernel::Avx2 if Kernel::Avx2.is_available() => Level::Avx2,
-        _ => Level::Scalar,
-    }
-}
 
 /// `out[p − 16·b0] = q · key_p` for every position `p` of tiles `b0 .. b1` of one KV head
 /// (`tiles` is that head's `[tiles, head_dim, 16]`); `out.len() ≥ 16·(b1 − b0)`. Positions
@@ -154,47 +137,6 @@ unsafe fn scores_avx2(tiles: &[f32], hd: usize, q: &[f32], n: usize, out: &mut [
     }
 }
 
-/// `e^x` for the softmax (`x ≤ 0` there; any `x` is handled): `x = n·ln2 + r` with
-/// `|r| ≤ ln2/2` (ln2 in two parts, so `r` is exact to f32), `e^r` by Cephes' degree-5
-/// polynomial, `2ⁿ` put into the exponent. Below −87.3 it returns 0 (`e^x` is subnormal
-/// there; a softmax loses nothing), NaN stays NaN. Within 2 ulp of `f32::exp` elsewhere.
-#[inline(always)]
-pub fn exp_poly(x: f32) -> f32 {
-    if x.is_nan() {
-        return x;
-    }
-    let x = x.clamp(EXP_LO, EXP_HI);
-    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
-    let r = n.mul_add(-LN2_HI, x);
-    let r = n.mul_add(-LN2_LO, r);
-    let mut p = EXP_C[0];
-    for c in &EXP_C[1..] {
-        p = p.mul_add(r, *c);
-    }
-    let r2 = r * r;
-    let e = p.mul_add(r2, r + 1.0);
-    let bits = ((n as i32 + 127) << 23) as u32;
-    if x <= EXP_LO {
-        0.0
-    } else {
-        e * f32::from_bits(bits)
-    }
-}
-
-const EXP_LO: f32 = -87.3;
-const EXP_HI: f32 = 88.3;
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
-/// Cephes `expf`: `e^r ≈ 1 + r + r²·P(r)`.
-const EXP_C: [f32; 6] = [
-    1.987_569_1e-4,
-    1.398_199_9e-3,
-    8.333_452e-3,
-    4.166_579_6e-2,
-    1.666_666_5e-1,
-    0.5,
-];
-
 /// Replaces `s` by `e^(s − max)` and returns their sum (16 lanes, [`reduce16`]).
 pub fn softmax_exp(k: Kernel, s: &mut [f32], max: f32) -> f32 {
     match level(k) {
@@ -217,82 +159,6 @@ fn softmax_exp_scalar(s: &mut [f32], max: f32) -> f32 {
         }
     }
     reduce16(&lanes)
-}
-
-/// The fixed order of a 16-lane sum: `l + l⁺⁸`, then `+ l⁺⁴`, `+ l⁺²`, `+ l⁺¹`.
-#[inline(always)]
-pub fn reduce16(l: &[f32; 16]) -> f32 {
-    let a: [f32; 8] = std::array::from_fn(|i| l[i] + l[i + 8]);
-    let b: [f32; 4] = std::array::from_fn(|i| a[i] + a[i + 4]);
-    let c: [f32; 2] = std::array::from_fn(|i| b[i] + b[i + 2]);
-    c[0] + c[1]
-}
-
-/// [`exp_poly`] on 16 lanes, op for op.
-///
-/// # Safety
-/// AVX-512 F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn exp512(x: __m512) -> __m512 {
-    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
-    let xc = _mm512_min_ps(
-        _mm512_max_ps(x, _mm512_set1_ps(EXP_LO)),
-        _mm512_set1_ps(EXP_HI),
-    );
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-        _mm512_mul_ps(xc, _mm512_set1_ps(std::f32::consts::LOG2_E)),
-    );
-    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), xc);
-    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
-    let mut p = _mm512_set1_ps(EXP_C[0]);
-    for c in &EXP_C[1..] {
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
-    }
-    let r2 = _mm512_mul_ps(r, r);
-    let e = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0)));
-    let bits = _mm512_slli_epi32::<23>(_mm512_add_epi32(
-        _mm512_cvtps_epi32(n),
-        _mm512_set1_epi32(127),
-    ));
-    let v = _mm512_mul_ps(e, _mm512_castsi512_ps(bits));
-    let under = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(xc, _mm512_set1_ps(EXP_LO));
-    let v = _mm512_mask_mov_ps(v, under, _mm512_setzero_ps());
-    _mm512_mask_mov_ps(v, nan, x)
-}
-
-/// [`exp_poly`] on 8 lanes, op for op.
-///
-/// # Safety
-/// AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn exp256(x: __m256) -> __m256 {
-    let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
-    let xc = _mm256_min_ps(
-        _mm256_max_ps(x, _mm256_set1_ps(EXP_LO)),
-        _mm256_set1_ps(EXP_HI),
-    );
-    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-        xc,
-        _mm256_set1_ps(std::f32::consts::LOG2_E),
-    ));
-    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), xc);
-    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
-    let mut p = _mm256_set1_ps(EXP_C[0]);
-    for c in &EXP_C[1..] {
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
-    }
-    let r2 = _mm256_mul_ps(r, r);
-    let e = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0)));
-    let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-        _mm256_cvtps_epi32(n),
-        _mm256_set1_epi32(127),
-    ));
-    let v = _mm256_mul_ps(e, _mm256_castsi256_ps(bits));
-    let under = _mm256_cmp_ps::<_CMP_LE_OQ>(xc, _mm256_set1_ps(EXP_LO));
-    let v = _mm256_andnot_ps(under, v);
-    _mm256_blendv_ps(v, x, nan)
 }
 
 /// # Safety
@@ -477,23 +343,6 @@ mod tests {
             s ^= s << 17;
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         }
-    }
-
-    #[test]
-    fn exp_poly_is_within_two_ulp_of_exp() {
-        let mut worst = 0u32;
-        let mut x = -87.0f32;
-        while x < 88.0 {
-            let (a, b) = (exp_poly(x), x.exp());
-            let ulp = (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs() as u32;
-            worst = worst.max(ulp);
-            x += 0.0137;
-        }
-        assert!(worst <= 2, "exp_poly is {worst} ulp from exp");
-        assert_eq!(exp_poly(0.0), 1.0);
-        assert_eq!(exp_poly(-100.0), 0.0);
-        assert_eq!(exp_poly(f32::NEG_INFINITY), 0.0);
-        assert!(exp_poly(f32::NAN).is_nan());
     }
 
     /// Every level against the scalar one, bit for bit, at head sizes that are not powers

@@ -5,6 +5,7 @@ use super::linear::{LinView, Linear, OwnedWeight, SkillSel};
 use super::scope::Scope;
 use super::select::FfnSel;
 use super::ModelError;
+use crate::quant::kernel::Kernel;
 
 #[derive(Clone, Debug)]
 pub struct Mlp {
@@ -12,6 +13,8 @@ pub struct Mlp {
     pub up: Linear,
     pub down: Linear,
     pub act: Activation,
+    /// SIMD level of the activation.
+    pub kernel: Kernel,
 }
 
 #[derive(Debug)]
@@ -48,6 +51,7 @@ impl Mlp {
             up: s.linear("up_proj", inter, hidden, true)?,
             down: s.linear("down_proj", hidden, inter, true)?,
             act,
+            kernel: Kernel::detect(),
         })
     }
 
@@ -91,8 +95,12 @@ impl Mlp {
             }
             _ => LinView::forward_many([gv, uv], live, h, t, [g, u]),
         }
-        for (gv, &uv) in g.iter_mut().zip(u.iter()) {
-            *gv = activate(self.act, *gv) * uv;
+        if self.act == Activation::Silu {
+            super::vmath::silu_mul(self.kernel, g, u);
+        } else {
+            for (gv, &uv) in g.iter_mut().zip(u.iter()) {
+                *gv = activate(self.act, *gv) * uv;
+            }
         }
         let Some(live) = live else {
             return self.down.view(sel).forward(g, t, out);

@@ -22,6 +22,7 @@ pub mod rope;
 pub mod scope;
 pub mod select;
 pub mod state;
+pub mod vmath;
 
 use std::sync::Arc;
 
