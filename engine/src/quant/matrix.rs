@@ -46,7 +46,7 @@ use super::kernel::{run, run_int, ActOrder, IntRows, QToken, QuantizedActs, Rows
 use super::panel;
 use super::q1::{self, Q1sRowIndex};
 use super::q1t_kernel::{self, Q1tActs, Q1tOverlay, Q1tProduct};
-use super::q4::{Q4Rows, Q4tpRows, GROUP};
+use super::q4::{self, Q4Rows, Q4tpRows, GROUP};
 use super::q8::{Q8Layout, Q8Rows};
 use super::{decode_row, geometry, validate, vbit, Geom, QuantError};
 use crate::format::dtype::DType;
@@ -78,6 +78,8 @@ enum RowIndex {
     Q1s(Q1sRowIndex),
     /// `q1t`: where the overlay lies, its shadowed entries.
     Q1t(Q1tOverlay),
+    /// `q4tp`: each row's ladder start and factor ([`q4::q4tp_ladder_base`]).
+    Q4tp(Vec<[f32; 2]>),
 }
 
 impl Matrix {
@@ -98,6 +100,11 @@ impl Matrix {
             DType::Vbit | DType::VbitRo => RowIndex::Vbit(vbit::row_starts(g, bytes).map_err(bad)?),
             DType::Q1s => RowIndex::Q1s(Q1sRowIndex::new(g, bytes).map_err(bad)?),
             DType::Q1t => RowIndex::Q1t(Q1tOverlay::new(g, bytes).map_err(bad)?),
+            DType::Q4tp => RowIndex::Q4tp(
+                (0..g.rows)
+                    .map(|r| q4::q4tp_ladder_base(g, bytes, r))
+                    .collect(),
+            ),
             _ => RowIndex::None,
         };
         Ok(Matrix {
@@ -156,7 +163,7 @@ impl Matrix {
                 vbit::decode_row_from(self.dtype, g, bytes, r, starts[r], out)
             }
             RowIndex::Q1s(index) => q1::decode_q1s_row_indexed(g, bytes, index, r, out),
-            RowIndex::None | RowIndex::Q1t(_) => {
+            RowIndex::None | RowIndex::Q1t(_) | RowIndex::Q4tp(_) => {
                 decode_row(self.dtype, &self.shape, bytes, r, out).map_err(|e| e.to_string())
             }
         }
@@ -343,7 +350,7 @@ fn block<const R: usize, V: WithRows<R>>(
             DType::Q8Row | DType::Q8_2f => v.with_int(k, &Q8Rows::<R, false>::new_at(g, bytes, rs)),
             DType::Q4Block => v.with_int(k, &Q4Rows::<R, false>::new_at(g, bytes, rs)),
             DType::Q4Tiled => v.with_int(k, &Q4Rows::<R, true>::new_at(g, bytes, rs)),
-            DType::Q4tp => v.with_int(k, &Q4tpRows::<R>::new_at(g, bytes, rs)),
+            DType::Q4tp => v.with_int(k, &q4tp_rows(m, bytes, rs)),
             _ => unreachable!("no integer kernel for {}", m.dtype),
         };
     }
@@ -355,7 +362,7 @@ fn block<const R: usize, V: WithRows<R>>(
         DType::Q8_2f => v.with(k, &Q8Rows::<R, true>::new_at(g, bytes, rs)),
         DType::Q4Block if m.is_fused() => v.with(k, &Q4Rows::<R, false>::new_at(g, bytes, rs)),
         DType::Q4Tiled if m.is_fused() => v.with(k, &Q4Rows::<R, true>::new_at(g, bytes, rs)),
-        DType::Q4tp => v.with(k, &Q4tpRows::<R>::new_at(g, bytes, rs)),
+        DType::Q4tp => v.with(k, &q4tp_rows(m, bytes, rs)),
         _ => SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
             let n = R * g.cols;
@@ -371,6 +378,14 @@ fn block<const R: usize, V: WithRows<R>>(
             };
             v.with(k, &d)
         }),
+    }
+}
+
+/// Rows `rs` of the `q4tp` matrix `m`, their ladders from `m`'s index.
+fn q4tp_rows<'a, const R: usize>(m: &Matrix, bytes: &'a [u8], rs: [usize; R]) -> Q4tpRows<'a, R> {
+    match &m.index {
+        RowIndex::Q4tp(bases) => Q4tpRows::with_bases(m.geom, bytes, rs, rs.map(|r| bases[r])),
+        _ => Q4tpRows::new_at(m.geom, bytes, rs),
     }
 }
 

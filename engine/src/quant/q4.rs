@@ -529,6 +529,15 @@ impl<const R: usize, const TILED: bool> RowsScalar for Q4Rows<'_, R, TILED> {
     }
 }
 
+/// Row `r`'s ladder start and factor, `2^lo` and `2^step` (the f16 parameters in f32,
+/// then `exp2`): what [`Q4tpRows`] multiplies out into the row's 32 scales.
+pub(crate) fn q4tp_ladder_base(g: Geom, bytes: &[u8], r: usize) -> [f32; 2] {
+    let l = Q4tpLayout::new(g);
+    let param =
+        |k: usize| f16::from_bits(super::kernel::le16(bytes, l.params + 4 * r + 2 * k)).to_f32();
+    [param(0).exp2(), param(1).exp2()]
+}
+
 /// `R` consecutive rows of a `q4tp` payload, with their ladders evaluated once.
 pub(crate) struct Q4tpRows<'a, const R: usize> {
     nib: [&'a [u8]; R],
@@ -542,14 +551,18 @@ impl<'a, const R: usize> Q4tpRows<'a, R> {
     /// The `R` ladders are built side by side (`R` independent multiplication chains
     /// instead of one chain of `31·R`), each with exactly the operations of [`ladder`].
     pub fn new_at(g: Geom, bytes: &'a [u8], rs: [usize; R]) -> Self {
+        let bases = std::array::from_fn(|i| q4tp_ladder_base(g, bytes, rs[i]));
+        Self::with_bases(g, bytes, rs, bases)
+    }
+
+    /// [`Q4tpRows::new_at`] with each row's [`q4tp_ladder_base`] already at hand (a
+    /// matrix keeps them: two `exp2` per row and product were half of a decode's time).
+    pub fn with_bases(g: Geom, bytes: &'a [u8], rs: [usize; R], bases: [[f32; 2]; R]) -> Self {
         let l = Q4tpLayout::new(g);
-        let param = |i: usize, k: usize| {
-            f16::from_bits(super::kernel::le16(bytes, l.params + 4 * rs[i] + 2 * k)).to_f32()
-        };
-        let mult: [f32; R] = std::array::from_fn(|i| param(i, 1).exp2());
+        let mult: [f32; R] = std::array::from_fn(|i| bases[i][1]);
         let mut ladder = [[0f32; LADDER]; R];
         for (i, t) in ladder.iter_mut().enumerate() {
-            t[0] = param(i, 0).exp2();
+            t[0] = bases[i][0];
         }
         for c in 1..LADDER {
             for (t, m) in ladder.iter_mut().zip(&mult) {
@@ -700,6 +713,20 @@ mod simd {
         unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {
             nibbles_u8(self.group(i, blk).0)
         }
+
+        /// The nibble plane is `q4_block`'s: row `i` two blocks on is `2·R` rows further.
+        /// (Without this, decode waited on every group's load.)
+        #[inline(always)]
+        unsafe fn prefetch_next(&self, i: usize, blk: usize) {
+            if (blk * super::NIBBLE_BYTES) % 64 >= super::NIBBLE_BYTES {
+                return;
+            }
+            let row = self.nib[i].len();
+            let p = self.nib[i]
+                .as_ptr()
+                .wrapping_add(blk * super::NIBBLE_BYTES + 2 * R * row);
+            _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
+        }
     }
 
     /// The 32 codes `q − 8` of a group in element order, as i8: elements 0..16 and 16..32.
@@ -796,6 +823,11 @@ mod simd {
     }
 
     impl<const R: usize> RowsAvx512 for Q4tpRows<'_, R> {
+        #[inline(always)]
+        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
+            self.prefetch_next(i, blk)
+        }
+
         #[inline(always)]
         unsafe fn load_avx512(&self, i: usize, blk: usize) -> [__m512; 2] {
             let (nib, t) = self.group(i, blk);
