@@ -633,30 +633,33 @@ fn balanced_row_scaled_sums_are_exact_and_do_not_overflow() {
             let shape = [5u64, cols];
             let ones = vec![1f32; (5 * cols) as usize];
             let bytes = encode(dtype, &shape, &ones, &EncodeOptions::default()).unwrap();
-            let x = vec![1f32; 3 * cols as usize];
-            let mut want: Option<Vec<u32>> = None;
-            for k in Kernel::available() {
-                let mut m = Matrix::new(dtype, &shape, &bytes).unwrap();
-                m.set_kernel(k).unwrap();
-                let mut y = vec![f32::NAN; 3 * 5];
-                matmul_with(&m, &bytes, &x, 3, &mut y, Precision::Balanced);
-                for v in &y {
-                    assert!(
-                        (*v as f64 - cols as f64).abs() <= 1e-3 * cols as f64,
-                        "{dtype} {k:?} cols {cols}: {v}"
-                    );
+            // 3 tokens: the row kernels; 33: on AVX-512 VNNI the packed panels.
+            for t in [3usize, 33] {
+                let x = vec![1f32; t * cols as usize];
+                let mut want: Option<Vec<u32>> = None;
+                for k in Kernel::available() {
+                    let mut m = Matrix::new(dtype, &shape, &bytes).unwrap();
+                    m.set_kernel(k).unwrap();
+                    let mut y = vec![f32::NAN; t * 5];
+                    matmul_with(&m, &bytes, &x, t, &mut y, Precision::Balanced);
+                    for v in &y {
+                        assert!(
+                            (*v as f64 - cols as f64).abs() <= 1e-3 * cols as f64,
+                            "{dtype} {k:?} cols {cols}: {v}"
+                        );
+                    }
+                    let bits: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(*want.get_or_insert(bits.clone()), bits, "{dtype} {k:?}");
                 }
-                let bits: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
-                assert_eq!(*want.get_or_insert(bits.clone()), bits, "{dtype} {k:?}");
             }
         }
     }
 }
 
-/// The `q8` prefill products at the default precision (on AVX-512 VNNI the packed-panel
-/// kernel of `q8_panel`) against one matrix-vector product per token, bit for bit: rows
-/// across and short of a 32-row panel, columns not a multiple of 4 or 32, token counts
-/// around the 6-token tile, all rows or a scattered subset of them.
+/// The `q8` prefill products at the default precision (on AVX-512 VNNI from 32 tokens the
+/// packed-panel kernel of `panel`) against one matrix-vector product per token, bit for
+/// bit: rows across and short of a 32-row panel, columns not a multiple of 4 or 32, token
+/// counts around the 6-token tile and across passes, all rows or a scattered subset.
 #[test]
 fn q8_prefill_equals_its_matvecs_bit_for_bit() {
     use super::matrix::{matmul_rows_with, matvec_rows_with};
@@ -673,7 +676,7 @@ fn q8_prefill_equals_its_matvecs_bit_for_bit() {
             for k in Kernel::available() {
                 let mut m = Matrix::new(dtype, &shape, &bytes).unwrap();
                 m.set_kernel(k).unwrap();
-                for t in [2usize, 5, 6, 7, 13, 20] {
+                for t in [2usize, 13, 32, 37, 45] {
                     let x = activations(t * g.cols, 7 * t as u64);
                     let p = Precision::Balanced;
                     let mut y = vec![f32::NAN; t * g.rows];

@@ -76,14 +76,21 @@ pub(super) enum Q4Kind {
 /// Fewest tokens a `q4` product runs here with. Its per-group terms are added in another
 /// order than the matrix-vector kernel's (within the same f32 bound, not bit for bit), so
 /// short products — a speculative draft's verification among them — keep the decode
-/// kernel, whose values greedy decoding is compared with.
+/// kernel, whose values greedy decoding is compared with. From 16 tokens on the panels
+/// are faster (a 768 × 2048 product: 21–24 µs a token against 39).
 pub(super) const Q4_MIN_TOKENS: usize = 16;
 
+/// Fewest tokens a `q8` product runs here with: packing costs a pass over the weights,
+/// which few tokens do not repay (a 768 × 2048 product at 2 / 4 / 8 / 16 / 32 / 64 tokens:
+/// 60–78 / 34 / 25–27 / 21 / 17–18 / 13–14 µs a token here, 26–36 / 17–21 / 18–20 / 19–20 /
+/// 16–20 / 18 µs in the row kernel).
+pub(super) const Q8_MIN_TOKENS: usize = 32;
+
 /// Whether this product runs here: at the two-level precision, on AVX-512 VNNI, `q8`
-/// products of any length and `q4` products of [`Q4_MIN_TOKENS`] tokens or more.
+/// products of [`Q8_MIN_TOKENS`] tokens or more and `q4` products of [`Q4_MIN_TOKENS`].
 pub(super) fn applies(fam: Family, qa: &QuantizedActs, cols: usize, t: usize, vnni: bool) -> bool {
     let long_enough = match fam {
-        Family::Q8 => true,
+        Family::Q8 => t >= Q8_MIN_TOKENS,
         Family::Q4(_) => t >= Q4_MIN_TOKENS && cols.is_multiple_of(32),
     };
     vnni && long_enough && qa.is_split() && cols <= MAX_COLS && cfg!(target_arch = "x86_64")
