@@ -26,7 +26,7 @@ use std::arch::x86_64::*;
 
 #[cfg(target_arch = "x86_64")]
 use super::vmath::{exp256, exp512};
-use super::vmath::{exp_poly, level, reduce16, Level};
+use super::vmath::{exp_poly, reduce16, simd_dispatch};
 use crate::quant::kernel::Kernel;
 
 /// Positions per key tile.
@@ -47,15 +47,12 @@ pub fn scores(
     let n = b1.saturating_sub(b0);
     assert!(q.len() == hd && tiles.len() >= b1 * hd * KEY_TILE && out.len() >= n * KEY_TILE);
     let tiles = &tiles[b0 * hd * KEY_TILE..b1 * hd * KEY_TILE];
-    match level(k) {
-        // SAFETY: the CPU has the level's features (`level` checked them); lengths above.
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx512 => unsafe { scores_avx512(tiles, hd, q, n, out) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { scores_avx2(tiles, hd, q, n, out) },
-        Level::Scalar => scores_scalar(tiles, hd, q, n, out),
-    }
+    simd_dispatch!(
+        k,
+        scores_avx512(tiles, hd, q, n, out),
+        scores_avx2(tiles, hd, q, n, out),
+        scores_scalar(tiles, hd, q, n, out)
+    )
 }
 
 fn scores_scalar(tiles: &[f32], hd: usize, q: &[f32], n: usize, out: &mut [f32]) {
@@ -139,15 +136,12 @@ unsafe fn scores_avx2(tiles: &[f32], hd: usize, q: &[f32], n: usize, out: &mut [
 
 /// Replaces `s` by `e^(s − max)` and returns their sum (16 lanes, [`reduce16`]).
 pub fn softmax_exp(k: Kernel, s: &mut [f32], max: f32) -> f32 {
-    match level(k) {
-        // SAFETY: the CPU has the level's features (`level` checked them); lengths above.
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx512 => unsafe { softmax_exp_avx512(s, max) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { softmax_exp_avx2(s, max) },
-        Level::Scalar => softmax_exp_scalar(s, max),
-    }
+    simd_dispatch!(
+        k,
+        softmax_exp_avx512(s, max),
+        softmax_exp_avx2(s, max),
+        softmax_exp_scalar(s, max)
+    )
 }
 
 fn softmax_exp_scalar(s: &mut [f32], max: f32) -> f32 {
@@ -211,15 +205,12 @@ unsafe fn softmax_exp_avx2(s: &mut [f32], max: f32) -> f32 {
 /// accumulator per dimension for even keys and one for odd keys.
 pub fn weighted_values(k: Kernel, values: &[f32], hd: usize, p: &[f32], inv: f32, o: &mut [f32]) {
     assert!(values.len() >= p.len() * hd && o.len() == hd);
-    match level(k) {
-        // SAFETY: the CPU has the level's features (`level` checked them); lengths above.
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx512 => unsafe { weighted_avx512(values, hd, p, inv, o) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { weighted_avx2(values, hd, p, inv, o) },
-        Level::Scalar => weighted_scalar(values, hd, p, inv, o),
-    }
+    simd_dispatch!(
+        k,
+        weighted_avx512(values, hd, p, inv, o),
+        weighted_avx2(values, hd, p, inv, o),
+        weighted_scalar(values, hd, p, inv, o)
+    )
 }
 
 fn weighted_scalar(values: &[f32], hd: usize, p: &[f32], inv: f32, o: &mut [f32]) {

@@ -56,9 +56,9 @@ impl LayerKv {
         (&self.k[h * n..(h + 1) * n], &self.v[h * n..(h + 1) * n])
     }
 
-    /// The key of position `pos` in KV head `h` (for tests and probes; the kernels read
-    /// [`LayerKv::head`]).
-    pub fn key(&self, pos: usize, h: usize) -> Vec<f32> {
+    /// The key of position `pos` in KV head `h` (the kernels read [`LayerKv::head`]).
+    #[cfg(test)]
+    fn key(&self, pos: usize, h: usize) -> Vec<f32> {
         let (tiles, _) = self.head(h);
         let at = pos / KEY_TILE * self.head_dim * KEY_TILE + pos % KEY_TILE;
         (0..self.head_dim)

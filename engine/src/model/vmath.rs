@@ -32,6 +32,25 @@ pub(crate) fn level(k: Kernel) -> Level {
     }
 }
 
+/// Calls the function of `k`'s level: `simd_dispatch!(k, avx512(..), avx2(..), scalar(..))`,
+/// the two SIMD ones `unsafe` target-feature functions whose safety conditions beyond the
+/// level (lengths) the caller has checked.
+macro_rules! simd_dispatch {
+    ($k:expr, $avx512:expr, $avx2:expr, $scalar:expr) => {
+        match $crate::model::vmath::level($k) {
+            // SAFETY: the CPU has the level's features (`level` checked them); the caller
+            // checked the lengths.
+            #[cfg(target_arch = "x86_64")]
+            $crate::model::vmath::Level::Avx512 => unsafe { $avx512 },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            $crate::model::vmath::Level::Avx2 => unsafe { $avx2 },
+            $crate::model::vmath::Level::Scalar => $scalar,
+        }
+    };
+}
+pub(crate) use simd_dispatch;
+
 /// `e^x` for the softmax (`x ≤ 0` there; any `x` is handled): `x = n·ln2 + r` with
 /// `|r| ≤ ln2/2` (ln2 in two parts, so `r` is exact to f32), `e^r` by Cephes' degree-5
 /// polynomial, `2ⁿ` put into the exponent. Below −87.3 it returns 0 (`e^x` is subnormal
@@ -152,15 +171,12 @@ pub(crate) unsafe fn exp256(x: __m256) -> __m256 {
 /// `g[i] = silu(g[i])·u[i]`, `silu(x) = x / (1 + e^(−x))` with [`exp_poly`].
 pub fn silu_mul(k: Kernel, g: &mut [f32], u: &[f32]) {
     assert_eq!(g.len(), u.len());
-    match level(k) {
-        // SAFETY: the CPU has the level's features (`level` checked them); lengths above.
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx512 => unsafe { silu_mul_avx512(g, u) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { silu_mul_avx2(g, u) },
-        Level::Scalar => silu_mul_scalar(g, u),
-    }
+    simd_dispatch!(
+        k,
+        silu_mul_avx512(g, u),
+        silu_mul_avx2(g, u),
+        silu_mul_scalar(g, u)
+    )
 }
 
 fn silu_mul_scalar(g: &mut [f32], u: &[f32]) {

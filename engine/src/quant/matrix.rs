@@ -119,6 +119,11 @@ impl Matrix {
         })
     }
 
+    /// The row geometry the matrix was validated with.
+    pub(super) fn geom(&self) -> Geom {
+        self.geom
+    }
+
     /// The instruction set the products use.
     pub fn kernel(&self) -> Kernel {
         self.kernel
@@ -382,7 +387,11 @@ fn block<const R: usize, V: WithRows<R>>(
 }
 
 /// Rows `rs` of the `q4tp` matrix `m`, their ladders from `m`'s index.
-fn q4tp_rows<'a, const R: usize>(m: &Matrix, bytes: &'a [u8], rs: [usize; R]) -> Q4tpRows<'a, R> {
+pub(super) fn q4tp_rows<'a, const R: usize>(
+    m: &Matrix,
+    bytes: &'a [u8],
+    rs: [usize; R],
+) -> Q4tpRows<'a, R> {
     match &m.index {
         RowIndex::Q4tp(bases) => Q4tpRows::with_bases(m.geom, bytes, rs, rs.map(|r| bases[r])),
         _ => Q4tpRows::new_at(m.geom, bytes, rs),
@@ -797,16 +806,8 @@ fn matmul_impl(m: &Matrix, bytes: &[u8], acts: Acts, t: usize, sel: Option<&[u32
         return q1t_kernel::matmul(&cx, y);
     }
     if let Acts::Int(qa) = acts {
-        use panel::{Family, Q4Kind};
-        let fam = match m.dtype {
-            DType::Q8Row | DType::Q8_2f => Some(Family::Q8),
-            DType::Q4Block if m.is_fused() => Some(Family::Q4(Q4Kind::Block)),
-            DType::Q4Tiled if m.is_fused() => Some(Family::Q4(Q4Kind::Tiled)),
-            DType::Q4tp => Some(Family::Q4(Q4Kind::Tp)),
-            _ => None,
-        };
-        if let Some(fam) = fam.filter(|&f| panel::applies(f, qa, m.cols, t, m.kernel.has_vnni())) {
-            return panel::matmul(fam, m.geom, bytes, qa, t, sel, y);
+        if let Some(fam) = panel::applies(m, qa, t) {
+            return panel::matmul(m, fam, bytes, qa, t, sel, y);
         }
     }
     let n = y.len() / t;

@@ -35,11 +35,15 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use super::kernel::IntRowsSimd;
 use super::kernel::{h2f_scalar, le16, QuantizedActs};
+#[cfg(target_arch = "x86_64")]
+use super::matrix::q4tp_rows;
+use super::matrix::Matrix;
 use super::matrix::Out;
 #[cfg(target_arch = "x86_64")]
-use super::q4::{Q4Rows, Q4tpRows};
+use super::q4::Q4Rows;
 use super::q8::Q8Layout;
 use super::Geom;
+use crate::format::dtype::DType;
 
 /// Weight rows per packed panel: two 16-lane vectors.
 pub(super) const PANEL: usize = 32;
@@ -86,14 +90,28 @@ pub(super) const Q4_MIN_TOKENS: usize = 16;
 /// 16–20 / 18 µs in the row kernel).
 pub(super) const Q8_MIN_TOKENS: usize = 32;
 
-/// Whether this product runs here: at the two-level precision, on AVX-512 VNNI, `q8`
-/// products of [`Q8_MIN_TOKENS`] tokens or more and `q4` products of [`Q4_MIN_TOKENS`].
-pub(super) fn applies(fam: Family, qa: &QuantizedActs, cols: usize, t: usize, vnni: bool) -> bool {
+/// The panel family of `m`'s layout, if the panels take it.
+fn family(m: &Matrix) -> Option<Family> {
+    match m.dtype {
+        DType::Q8Row | DType::Q8_2f => Some(Family::Q8),
+        DType::Q4Block if m.is_fused() => Some(Family::Q4(Q4Kind::Block)),
+        DType::Q4Tiled if m.is_fused() => Some(Family::Q4(Q4Kind::Tiled)),
+        DType::Q4tp => Some(Family::Q4(Q4Kind::Tp)),
+        _ => None,
+    }
+}
+
+/// The family a product of `m` over `t` tokens of `qa` runs here with, if it does: at the
+/// two-level precision, on AVX-512 VNNI, `q8` products of [`Q8_MIN_TOKENS`] tokens or more
+/// and `q4` products of [`Q4_MIN_TOKENS`].
+pub(super) fn applies(m: &Matrix, qa: &QuantizedActs, t: usize) -> Option<Family> {
+    let fam = family(m)?;
     let long_enough = match fam {
         Family::Q8 => t >= Q8_MIN_TOKENS,
-        Family::Q4(_) => t >= Q4_MIN_TOKENS && cols.is_multiple_of(32),
+        Family::Q4(_) => t >= Q4_MIN_TOKENS,
     };
-    vnni && long_enough && qa.is_split() && cols <= MAX_COLS && cfg!(target_arch = "x86_64")
+    let vnni = m.kernel().has_vnni() && cfg!(target_arch = "x86_64");
+    (vnni && long_enough && qa.is_split() && m.cols <= MAX_COLS).then_some(fam)
 }
 
 /// `y[j, i] = post_r · d_j · Σ_c w[r, c]·k[j, c]` for the output rows `r` of `sel` (or all),
@@ -102,14 +120,15 @@ pub(super) fn applies(fam: Family, qa: &QuantizedActs, cols: usize, t: usize, vn
 /// # Panics
 /// Unless [`applies`] (the CPU must have AVX-512 VNNI) and the sizes agree.
 pub(super) fn matmul(
+    m: &Matrix,
     fam: Family,
-    g: Geom,
     bytes: &[u8],
     qa: &QuantizedActs,
     t: usize,
     sel: Option<&[u32]>,
     y: &mut [f32],
 ) {
+    let g = m.geom();
     let n = sel.map_or(g.rows, |s| s.len());
     assert!(y.len() == t * n && g.cols <= MAX_COLS && qa.is_split());
     let c4 = g.cols.div_ceil(4);
@@ -147,7 +166,7 @@ pub(super) fn matmul(
                         // runs, the next panel's rows are fetched from memory.
                         buf.resize(panel_words, 0);
                         for p in panels.clone() {
-                            pack(fam, g, bytes, sel, p * PANEL, n, c4, buf);
+                            pack(m, fam, bytes, sel, p * PANEL, n, c4, buf);
                             let next = (p + 1 < panels.end && fam == Family::Q8)
                                 .then(|| panel_rows(g, bytes, sel, (p + 1) * PANEL, n));
                             // SAFETY: `applies` demanded AVX-512 VNNI; the panel, the
@@ -172,7 +191,7 @@ pub(super) fn matmul(
                     }
                     buf.resize(panels.len() * panel_words, 0);
                     for (p, chunk) in panels.clone().zip(buf.chunks_exact_mut(panel_words)) {
-                        pack(fam, g, bytes, sel, p * PANEL, n, c4, chunk);
+                        pack(m, fam, bytes, sel, p * PANEL, n, c4, chunk);
                     }
                     for j0 in (0..t).step_by(tok_block) {
                         let toks = j0..(j0 + tok_block).min(t);
@@ -231,8 +250,8 @@ fn panel_len(fam: Family, c4: usize) -> usize {
 /// Packs output rows `k0 .. k0 + 32` (those below `n`; the rest zero) into `dst`.
 #[allow(clippy::too_many_arguments)]
 fn pack(
+    m: &Matrix,
     fam: Family,
-    g: Geom,
     bytes: &[u8],
     sel: Option<&[u32]>,
     k0: usize,
@@ -240,6 +259,7 @@ fn pack(
     c4: usize,
     dst: &mut [u32],
 ) {
+    let g = m.geom();
     if let Family::Q4(kind) = fam {
         #[cfg(target_arch = "x86_64")]
         for half in 0..2 {
@@ -270,9 +290,8 @@ fn pack(
                         c4,
                         dst,
                     ),
-                    Q4Kind::Tp => {
-                        pack_q4(&Q4tpRows::<16>::new_at(g, bytes, rs), live, half, c4, dst)
-                    }
+                    // The ladders from the matrix's index, not evaluated again.
+                    Q4Kind::Tp => pack_q4(&q4tp_rows::<16>(m, bytes, rs), live, half, c4, dst),
                 }
             }
         }
@@ -525,7 +544,7 @@ unsafe fn panel_tokens(
     }
     while j < toks.end {
         let left = toks.end - j;
-        let pf = next.filter(|_| j == toks.start);
+        let pf = next.filter(|_| j == toks.start).unwrap_or(&[&[]; PANEL]);
         match left.min(TILE_TOKENS) {
             6 => tile::<6>(panel, c4, u, d, j, k0, n, out, pf),
             5 => tile::<5>(panel, c4, u, d, j, k0, n, out, pf),
@@ -555,9 +574,9 @@ unsafe fn panel_tokens(
     unreachable!("the panel kernel needs AVX-512 VNNI")
 }
 
-/// 32 rows × `T` tokens from token `j0`; with `next`, two cache lines of those rows
-/// (the next panel's) are asked for per step, into L2, so that its packing does not wait
-/// on memory: `2·c4` lines per pass, the whole panel.
+/// 32 rows × `T` tokens from token `j0`. Two cache lines of the rows `next` (the next
+/// panel's; empty slices for none) are asked for per step, into L2, so that its packing
+/// does not wait on memory: `2·c4` lines per pass, the whole panel.
 ///
 /// # Safety
 /// As [`panel_tokens`], with `j0 + T ≤ d.len()`.
@@ -573,30 +592,6 @@ unsafe fn tile<const T: usize>(
     k0: usize,
     n: usize,
     out: Out,
-    next: Option<&[&[u8]; PANEL]>,
-) {
-    if let Some(rows) = next {
-        return tile_body::<T, true>(panel, c4, u, d, j0, k0, n, out, rows);
-    }
-    tile_body::<T, false>(panel, c4, u, d, j0, k0, n, out, &[&[]; PANEL])
-}
-
-/// The body of [`tile`], with or without the prefetches.
-///
-/// # Safety
-/// As [`tile`].
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-unsafe fn tile_body<const T: usize, const PREFETCH: bool>(
-    panel: &[u32],
-    c4: usize,
-    u: &[u32],
-    d: &[f32],
-    j0: usize,
-    k0: usize,
-    n: usize,
-    out: Out,
     next: &[&[u8]; PANEL],
 ) {
     let w = panel.as_ptr();
@@ -604,12 +599,10 @@ unsafe fn tile_body<const T: usize, const PREFETCH: bool>(
     let mut a = [[_mm512_setzero_si512(); T]; 2];
     let mut b = [[_mm512_setzero_si512(); T]; 2];
     for c in 0..c4 {
-        if PREFETCH {
-            for line in [2 * c, 2 * c + 1] {
-                let (i, at) = (line % PANEL, 64 * (line / PANEL));
-                if at < next[i].len() {
-                    _mm_prefetch::<_MM_HINT_T1>(next[i].as_ptr().add(at) as *const i8);
-                }
+        for line in [2 * c, 2 * c + 1] {
+            let (i, at) = (line % PANEL, 64 * (line / PANEL));
+            if at < next[i].len() {
+                _mm_prefetch::<_MM_HINT_T1>(next[i].as_ptr().add(at) as *const i8);
             }
         }
         step::<T>(w, c, &up, &mut a, &mut b);
