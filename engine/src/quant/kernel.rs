@@ -16,6 +16,8 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+use rayon::prelude::*;
+
 /// Elements decoded per step: the group size of the quantized layouts.
 pub const STEP: usize = 32;
 
@@ -458,6 +460,10 @@ pub(crate) struct QuantizedActs {
 }
 
 /// One token's part of each [`QuantizedActs`] buffer.
+/// Fewest tokens [`QuantizedActs::fill`] quantizes in parallel (decode's single tokens
+/// and short verifications stay on the calling thread, without allocating).
+const PARALLEL_FILL_TOKENS: usize = 16;
+
 struct TokenCodes<'a> {
     q: &'a mut [i8],
     q2: &'a mut [i8],
@@ -662,9 +668,8 @@ impl QuantizedActs {
             v.clear();
             v.resize(len, 0);
         }
-        let mut scaled = std::mem::take(&mut self.scaled);
-        let codes = groups * STEP;
-        for j in 0..t {
+        // Token `j` into `token`; `scaled` is scratch for the column field.
+        let one = |j: usize, token: TokenCodes, scaled: &mut Vec<f32>| {
             let mut xr = &x[j * cols..(j + 1) * cols];
             if let Some(col) = col {
                 scaled.clear();
@@ -673,32 +678,39 @@ impl QuantizedActs {
                         .enumerate()
                         .map(|(e, v)| v * h2f_scalar(le16(col, 2 * e))),
                 );
-                xr = &scaled;
+                xr = scaled;
             }
-            let span = |len: usize| j * len..(j + 1) * len;
-            let (q2, c2) = if split {
-                (
-                    &mut self.q2[span(codes)],
-                    &mut self.c2[span(groups * LANES)],
-                )
-            } else {
-                (&mut [][..], &mut [][..])
-            };
-            let token = TokenCodes {
-                q: &mut self.q[span(codes)],
-                q2,
-                k: if wide {
-                    &mut self.k[span(codes)]
-                } else {
-                    &mut []
-                },
-                d: &mut self.d[span(groups)],
-                c: &mut self.c[span(groups * LANES)],
-                c2,
-            };
             quantize_token(xr, order, split, token);
+        };
+        // Each token's share of every buffer (empty ones: none).
+        fn per_token<T>(v: &mut [T], t: usize) -> impl Iterator<Item = &mut [T]> {
+            let len = v.len() / t.max(1);
+            let (some, none) = if len == 0 { (0, t) } else { (t, 0) };
+            v.chunks_mut(len.max(1))
+                .take(some)
+                .chain(std::iter::repeat_with(|| &mut [][..]).take(none))
         }
-        self.scaled = scaled;
+        let tokens = per_token(&mut self.q, t)
+            .zip(per_token(&mut self.q2, t))
+            .zip(per_token(&mut self.k, t))
+            .zip(per_token(&mut self.d, t))
+            .zip(per_token(&mut self.c, t))
+            .zip(per_token(&mut self.c2, t))
+            .map(|(((((q, q2), k), d), c), c2)| TokenCodes { q, q2, k, d, c, c2 });
+        if t >= PARALLEL_FILL_TOKENS {
+            // A prefill's tokens over the pool: on the calling thread alone this was 5% of
+            // a 512-token prefill with the other threads waiting.
+            let tokens: Vec<_> = tokens.enumerate().collect();
+            tokens
+                .into_par_iter()
+                .for_each_init(Vec::new, |scaled, (j, token)| one(j, token, scaled));
+        } else {
+            let mut scaled = std::mem::take(&mut self.scaled);
+            for (j, token) in tokens.enumerate() {
+                one(j, token, &mut scaled);
+            }
+            self.scaled = scaled;
+        }
     }
 
     /// Whether the tokens carry the residual level (one scale per token).

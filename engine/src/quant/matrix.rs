@@ -398,6 +398,14 @@ pub(super) fn q4tp_rows<'a, const R: usize>(
     }
 }
 
+/// The overlay of the `q1t` matrix `m` (computed at load).
+pub(super) fn q1t_overlay(m: &Matrix) -> Option<&Q1tOverlay> {
+    match &m.index {
+        RowIndex::Q1t(ov) => Some(ov),
+        _ => None,
+    }
+}
+
 /// Weight rows per block: four independent accumulators per activation hide the FMA
 /// latency, and an activation vector, once loaded, serves four rows.
 pub(super) const BLOCK_ROWS: usize = 4;
@@ -802,13 +810,13 @@ fn matmul_sel(
 }
 
 fn matmul_impl(m: &Matrix, bytes: &[u8], acts: Acts, t: usize, sel: Option<&[u32]>, y: &mut [f32]) {
-    if let Some(cx) = q1t_product(m, bytes, acts, t, sel) {
-        return q1t_kernel::matmul(&cx, y);
-    }
     if let Acts::Int(qa) = acts {
         if let Some(fam) = panel::applies(m, qa, t) {
             return panel::matmul(m, fam, bytes, qa, t, sel, y);
         }
+    }
+    if let Some(cx) = q1t_product(m, bytes, acts, t, sel) {
+        return q1t_kernel::matmul(&cx, y);
     }
     let n = y.len() / t;
     let (chunk, tok_block) = matmul_split(n, m.cols, m.nbytes / m.rows);

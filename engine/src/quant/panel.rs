@@ -1,4 +1,4 @@
-//! Prefill's `q8` and `q4` products at the default precision as a blocked matrix-matrix
+//! Prefill's `q8`, `q4` and `q1t` products at the default precision as a blocked matrix-matrix
 //! product on AVX-512 VNNI: weight rows packed into panels, 16 rows per vector.
 //!
 //! [`super::kernel::run_wide`] sums a row's codes against a token's int16 activation codes
@@ -25,6 +25,12 @@
 //! with the group's scale adds it to the row ([`tile_q4`]). The matrix-vector kernel adds
 //! the same exact group terms in another order, so here the values agree within the f32
 //! bound rather than bit for bit; hence [`Q4_MIN_TOKENS`].
+//!
+//! `q1t` is packed the same way: its ternary digits are codes `−1, 0, 1` with a scale per
+//! tile of 32, so a `q1t` panel is a `q4` panel whose codes are small. Its overlay is added
+//! to each panel's finished outputs, as the row kernels add it to theirs
+//! ([`super::q1t_kernel::Q1tOverlay`]). Packing decodes each tile's digits once per product
+//! instead of once per 4 tokens.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -34,9 +40,14 @@ use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 use super::kernel::IntRowsSimd;
-use super::kernel::{h2f_scalar, le16, QuantizedActs};
+use super::kernel::{h2f_scalar, le16, QToken, QuantizedActs, SPLIT_SHIFT};
 #[cfg(target_arch = "x86_64")]
 use super::matrix::q4tp_rows;
+use super::matrix::q1t_overlay;
+use super::q1::Q1T_ENTRY;
+use super::q1t_kernel::Q1tOverlay;
+#[cfg(target_arch = "x86_64")]
+use super::q1t_kernel::Q1tRows;
 use super::matrix::Matrix;
 use super::matrix::Out;
 #[cfg(target_arch = "x86_64")]
@@ -53,11 +64,15 @@ const TILE_TOKENS: usize = 6;
 pub(super) const MAX_COLS: usize = 1 << 17;
 
 thread_local! {
-    /// A task's packed panels (codes, then per row `Σ w` and the scale), reused.
-    static PACKED: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
-    /// A product's activations as unsigned bytes, both levels per 4 columns, and each
-    /// token's scale; reused.
-    static UACTS: RefCell<(Vec<u32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// A task's packed panels (codes, then per row `Σ w` and the scale) and (`q1t`) a
+    /// panel's overlay corrections; reused.
+    #[allow(clippy::type_complexity)]
+    static PACKED: RefCell<(Vec<u32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// A product's activations as unsigned bytes, both levels per 4 columns, each
+    /// token's scale, and (`q1t`) the activations column-major for the overlay; reused.
+    #[allow(clippy::type_complexity)]
+    static UACTS: RefCell<(Vec<u32>, Vec<f32>, Vec<f32>)> =
+        const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// The weight layouts the panels take.
@@ -65,16 +80,18 @@ thread_local! {
 pub(super) enum Family {
     /// Row-scaled codes: `q8_row`, or `q8_2f` whose column field is in the activations.
     Q8,
-    /// Nibbles with a scale per group of 32 (`cols % 32 == 0`).
-    Q4(Q4Kind),
+    /// Small codes with a scale per group of 32 (`cols % 32 == 0`): the `q4` nibbles, or
+    /// `q1t`'s ternary digits (whose overlay is added after the panel).
+    Grouped(Grouped),
 }
 
-/// Which `q4` layout (see [`super::q4`]).
+/// Which layout of small codes (see [`super::q4`] and [`super::q1t_kernel`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Q4Kind {
-    Block,
-    Tiled,
-    Tp,
+pub(super) enum Grouped {
+    Q4Block,
+    Q4Tiled,
+    Q4tp,
+    Q1t,
 }
 
 /// Fewest tokens a `q4` product runs here with. Its per-group terms are added in another
@@ -94,9 +111,10 @@ pub(super) const Q8_MIN_TOKENS: usize = 32;
 fn family(m: &Matrix) -> Option<Family> {
     match m.dtype {
         DType::Q8Row | DType::Q8_2f => Some(Family::Q8),
-        DType::Q4Block if m.is_fused() => Some(Family::Q4(Q4Kind::Block)),
-        DType::Q4Tiled if m.is_fused() => Some(Family::Q4(Q4Kind::Tiled)),
-        DType::Q4tp => Some(Family::Q4(Q4Kind::Tp)),
+        DType::Q4Block if m.is_fused() => Some(Family::Grouped(Grouped::Q4Block)),
+        DType::Q4Tiled if m.is_fused() => Some(Family::Grouped(Grouped::Q4Tiled)),
+        DType::Q4tp => Some(Family::Grouped(Grouped::Q4tp)),
+        DType::Q1t => Some(Family::Grouped(Grouped::Q1t)),
         _ => None,
     }
 }
@@ -108,7 +126,7 @@ pub(super) fn applies(m: &Matrix, qa: &QuantizedActs, t: usize) -> Option<Family
     let fam = family(m)?;
     let long_enough = match fam {
         Family::Q8 => t >= Q8_MIN_TOKENS,
-        Family::Q4(_) => t >= Q4_MIN_TOKENS,
+        Family::Grouped(_) => t >= Q4_MIN_TOKENS,
     };
     let vnni = m.kernel().has_vnni() && cfg!(target_arch = "x86_64");
     (vnni && long_enough && qa.is_split() && m.cols <= MAX_COLS).then_some(fam)
@@ -133,9 +151,9 @@ pub(super) fn matmul(
     assert!(y.len() == t * n && g.cols <= MAX_COLS && qa.is_split());
     let c4 = g.cols.div_ceil(4);
     UACTS.with(|cell| {
-        let mut own = (Vec::new(), Vec::new());
+        let mut own = (Vec::new(), Vec::new(), Vec::new());
         let mut guard = cell.try_borrow_mut();
-        let (u, d) = match guard.as_deref_mut() {
+        let (u, d, xt) = match guard.as_deref_mut() {
             Ok(ud) => ud,
             Err(_) => &mut own,
         };
@@ -149,16 +167,32 @@ pub(super) fn matmul(
         let tok_block =
             ((192 << 10) / (8 * c4).max(1)).clamp(TILE_TOKENS, 240) / TILE_TOKENS * TILE_TOKENS;
         let per_task = tasks.div_ceil(4 * rayon::current_num_threads()).max(1);
+        // `q1t`: the activations column-major for the overlay.
+        let ov = q1t_overlay(m).filter(|_| fam == Family::Grouped(Grouped::Q1t));
+        let tp = t.next_multiple_of(16) + 16;
+        if ov.is_some() {
+            // SAFETY: `applies` demanded AVX-512.
+            unsafe { activation_columns(qa, t, tp, g.cols, xt) };
+        }
+        let xt = &xt[..if ov.is_some() { g.cols * tp } else { 0 }];
         (0..tasks.div_ceil(per_task))
             .into_par_iter()
             .for_each(|task| {
                 let panels = task * per_task..((task + 1) * per_task).min(tasks);
                 PACKED.with(|cell| {
-                    let mut own = Vec::new();
+                    let mut own = (Vec::new(), Vec::new());
                     let mut guard = cell.try_borrow_mut();
-                    let buf = match guard.as_deref_mut() {
+                    let (buf, corr) = match guard.as_deref_mut() {
                         Ok(b) => b,
                         Err(_) => &mut own,
+                    };
+                    // Panel `p`'s overlay corrections for `toks` into `corr`, if it has any.
+                    let overlay = |p: usize, toks: std::ops::Range<usize>, corr: &mut Vec<f32>| {
+                        // SAFETY: `applies` demanded AVX-512; `xt` is `cols` columns of
+                        // `tp ≥ t + 16` tokens.
+                        ov.is_some_and(|ov| unsafe {
+                            overlay_panel(ov, bytes, sel, p * PANEL, n, xt, tp, toks, corr)
+                        })
                     };
                     let panel_words = panel_len(fam, c4);
                     if t <= tok_block {
@@ -169,17 +203,19 @@ pub(super) fn matmul(
                             pack(m, fam, bytes, sel, p * PANEL, n, c4, buf);
                             let next = (p + 1 < panels.end && fam == Family::Q8)
                                 .then(|| panel_rows(g, bytes, sel, (p + 1) * PANEL, n));
+                            let corr = overlay(p, 0..t, corr).then_some(&corr[..]);
                             // SAFETY: `applies` demanded AVX-512 VNNI; the panel, the
-                            // activations and the outputs are sized as the kernel reads
-                            // them, and this task alone writes rows `p·32 ..` of `y`.
+                            // activations, the corrections and the outputs are sized as
+                            // the kernel reads them, and this task alone writes rows
+                            // `p·32 ..` of `y`.
                             unsafe {
                                 panel_tokens(
                                     fam,
                                     buf,
                                     c4,
-                                    u,
-                                    d,
+                                    (u, d),
                                     0..t,
+                                    corr,
                                     p * PANEL,
                                     n,
                                     out,
@@ -196,15 +232,16 @@ pub(super) fn matmul(
                     for j0 in (0..t).step_by(tok_block) {
                         let toks = j0..(j0 + tok_block).min(t);
                         for (p, chunk) in panels.clone().zip(buf.chunks_exact(panel_words)) {
+                            let corr = overlay(p, toks.clone(), corr).then_some(&corr[..]);
                             // SAFETY: as above.
                             unsafe {
                                 panel_tokens(
                                     fam,
                                     chunk,
                                     c4,
-                                    u,
-                                    d,
+                                    (u, d),
                                     toks.clone(),
+                                    corr,
                                     p * PANEL,
                                     n,
                                     out,
@@ -216,6 +253,138 @@ pub(super) fn matmul(
                 });
             });
     });
+}
+
+/// The overlay corrections of outputs `k0 .. k0 + 32` (those below `n`) for tokens `toks`,
+/// into `corr` as `[token − toks.start][32 rows]` (whole blocks of 16 tokens): per row,
+/// `Σ delta·x̂[j, col]` over its entries in file order (see
+/// [`super::q1t_kernel::Q1tOverlay`]), 16 tokens per vector, each 16 × 16 block of rows and
+/// tokens transposed into the tile's order. Whether any of the rows has entries.
+///
+/// # Safety
+/// AVX-512 F; `xt` is [`activation_columns`] with `tp` tokens per column, `toks.end + 15 ≤ tp`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f")]
+unsafe fn overlay_panel(
+    ov: &Q1tOverlay,
+    bytes: &[u8],
+    sel: Option<&[u32]>,
+    k0: usize,
+    n: usize,
+    xt: &[f32],
+    tp: usize,
+    toks: std::ops::Range<usize>,
+    corr: &mut Vec<f32>,
+) -> bool {
+    assert!(toks.end + 15 <= tp);
+    let nt = toks.len().next_multiple_of(16);
+    let levels = transpose_indices();
+    let mut any = false;
+    for half in 0..2 {
+        let rows: [(&[u8], &[f32]); 16] = std::array::from_fn(|i| {
+            let k = k0 + 16 * half + i;
+            if k < n {
+                ov.row(bytes, sel.map_or(k, |s| s[k] as usize))
+            } else {
+                (&[][..], &[][..])
+            }
+        });
+        if rows.iter().all(|(_, deltas)| deltas.is_empty()) {
+            continue;
+        }
+        if !any {
+            corr.clear();
+            corr.resize(nt * PANEL, 0.0);
+            any = true;
+        }
+        for jb in (0..nt).step_by(16) {
+            let j0 = toks.start + jb;
+            let mut acc = [_mm512_setzero_si512(); 16];
+            for (a, (ents, deltas)) in acc.iter_mut().zip(&rows) {
+                let mut sum = _mm512_setzero_ps();
+                for (ent, &delta) in ents.chunks_exact(Q1T_ENTRY).zip(*deltas) {
+                    let at = le16(ent, 0) as usize * tp + j0;
+                    let x = _mm512_loadu_ps(xt[at..at + 16].as_ptr());
+                    sum = _mm512_fmadd_ps(_mm512_set1_ps(delta), x, sum);
+                }
+                *a = _mm512_castps_si512(sum);
+            }
+            transpose16(&mut acc, &levels);
+            for (q, v) in acc.iter().enumerate() {
+                let at = (jb + q) * PANEL + 16 * half;
+                _mm512_storeu_si512(corr[at..at + 16].as_mut_ptr() as *mut _, *v);
+            }
+        }
+    }
+    any
+}
+
+/// The `t` tokens of `qa` as the `q1t` overlay multiplies them, `(256·q + q₂)·d` as
+/// [`super::q1t_kernel`]'s row kernels do, column-major: `xt[col·tp + j]`, zero for
+/// `t ≤ j < tp`. Per 16 tokens × 16 columns, a token's columns are converted in one vector
+/// and the block is transposed.
+///
+/// # Safety
+/// AVX-512 F/BW; `qa` holds `t` split tokens of `cols` (a multiple of 32) activations.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn activation_columns(
+    qa: &QuantizedActs,
+    t: usize,
+    tp: usize,
+    cols: usize,
+    xt: &mut Vec<f32>,
+) {
+    const _: () = assert!(SPLIT_SHIFT == 8);
+    assert!(tp.is_multiple_of(16) && tp >= t && cols.is_multiple_of(32));
+    if xt.len() < cols * tp {
+        xt.resize(cols * tp, 0.0);
+    }
+    let levels = transpose_indices();
+    let bytes16 = |s: &[i8]| _mm512_cvtepi8_epi32(_mm_loadu_si128(s[..16].as_ptr() as *const _));
+    for j0 in (0..tp).step_by(16) {
+        let tks: [Option<QToken>; 16] = std::array::from_fn(|q| (j0 + q < t).then(|| qa.token(j0 + q)));
+        for c0 in (0..cols).step_by(16) {
+            let mut r = [_mm512_setzero_si512(); 16];
+            for (v, tk) in r.iter_mut().zip(&tks) {
+                if let Some(tk) = tk {
+                    let k = _mm512_add_epi32(
+                        _mm512_slli_epi32::<8>(bytes16(&tk.q[c0..])),
+                        bytes16(&tk.q2[c0..]),
+                    );
+                    let d = _mm512_set1_ps(tk.d[c0 / 32]);
+                    *v = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(k), d));
+                }
+            }
+            transpose16(&mut r, &levels);
+            for (c, v) in r.iter().enumerate() {
+                let at = (c0 + c) * tp + j0;
+                _mm512_storeu_si512(xt[at..at + 16].as_mut_ptr() as *mut _, *v);
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn activation_columns(_: &QuantizedActs, _: usize, _: usize, _: usize, _: &mut Vec<f32>) {
+    unreachable!("the panel kernel needs AVX-512 VNNI")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn overlay_panel(
+    _: &Q1tOverlay,
+    _: &[u8],
+    _: Option<&[u32]>,
+    _: usize,
+    _: usize,
+    _: &[f32],
+    _: usize,
+    _: std::ops::Range<usize>,
+    _: &mut Vec<f32>,
+) -> bool {
+    unreachable!("the panel kernel needs AVX-512 VNNI")
 }
 
 /// The weight rows of outputs `k0 .. k0 + 32` (those below `n`; the others empty).
@@ -243,7 +412,7 @@ fn panel_rows<'a>(
 fn panel_len(fam: Family, c4: usize) -> usize {
     match fam {
         Family::Q8 => c4 * PANEL + 2 * PANEL,
-        Family::Q4(_) => c4.next_multiple_of(16) * PANEL + 2 * (c4 / 8) * PANEL,
+        Family::Grouped(_) => c4.next_multiple_of(16) * PANEL + 2 * (c4 / 8) * PANEL,
     }
 }
 
@@ -260,7 +429,7 @@ fn pack(
     dst: &mut [u32],
 ) {
     let g = m.geom();
-    if let Family::Q4(kind) = fam {
+    if let Family::Grouped(kind) = fam {
         #[cfg(target_arch = "x86_64")]
         for half in 0..2 {
             let live = n.saturating_sub(k0 + 16 * half).min(16);
@@ -276,14 +445,14 @@ fn pack(
             // SAFETY: the panel kernel only runs where AVX-512 VNNI is present.
             unsafe {
                 match kind {
-                    Q4Kind::Block => pack_q4(
+                    Grouped::Q4Block => pack_q4(
                         &Q4Rows::<16, false>::new_at(g, bytes, rs),
                         live,
                         half,
                         c4,
                         dst,
                     ),
-                    Q4Kind::Tiled => pack_q4(
+                    Grouped::Q4Tiled => pack_q4(
                         &Q4Rows::<16, true>::new_at(g, bytes, rs),
                         live,
                         half,
@@ -291,7 +460,8 @@ fn pack(
                         dst,
                     ),
                     // The ladders from the matrix's index, not evaluated again.
-                    Q4Kind::Tp => pack_q4(&q4tp_rows::<16>(m, bytes, rs), live, half, c4, dst),
+                    Grouped::Q4tp => pack_q4(&q4tp_rows::<16>(m, bytes, rs), live, half, c4, dst),
+                    Grouped::Q1t => pack_q4(&Q1tRows::<16>::new_at(g, bytes, rs), live, half, c4, dst),
                 }
             }
         }
@@ -375,8 +545,9 @@ unsafe fn pack_avx512(
     blocks * 16
 }
 
-/// Half `half` (16 rows, `live` of them real) of a `q4` panel: per pair of groups the
-/// rows' codes in the activations' order (`nibble − 8`), transposed as the `q8` panel's,
+/// Half `half` (16 rows, `live` of them real) of a grouped panel: per pair of groups the
+/// rows' codes in the activations' order (`nibble − 8`, or `q1t`'s digits `−1, 0, 1`),
+/// transposed as the `q8` panel's,
 /// each group's `Σ w` (times 32896 = 128·257: the unsigned offset of both levels, see
 /// [`tile_q4`]) and scale.
 ///
@@ -387,11 +558,13 @@ unsafe fn pack_avx512(
 unsafe fn pack_q4<D: IntRowsSimd>(d: &D, live: usize, half: usize, c4: usize, dst: &mut [u32]) {
     let groups = c4 / 8;
     let c4p = c4.next_multiple_of(16);
-    assert!(dst.len() == panel_len(Family::Q4(Q4Kind::Block), c4) && D::OFFSET8);
+    assert!(dst.len() == panel_len(Family::Grouped(Grouped::Q4Block), c4));
     let (codes, tail) = dst.split_at_mut(c4p * PANEL);
     let (corr, scales) = tail.split_at_mut(groups * PANEL);
     let levels = transpose_indices();
-    let (ones, eight) = (_mm512_set1_epi8(1), _mm512_set1_epi8(8));
+    // What `load_u8` adds to a code: 8 for nibbles, 0 for signed codes (`q1t`).
+    let bias = if D::OFFSET8 { 8 } else { 0 };
+    let (ones, eight) = (_mm512_set1_epi8(1), _mm512_set1_epi8(bias));
     for pair in 0..groups.div_ceil(2) {
         let g0 = 2 * pair;
         let two = g0 + 1 < groups;
@@ -401,7 +574,7 @@ unsafe fn pack_q4<D: IntRowsSimd>(d: &D, live: usize, half: usize, c4: usize, ds
             let hi = if two {
                 d.load_u8(i, g0 + 1)
             } else {
-                _mm256_set1_epi8(8)
+                _mm256_set1_epi8(bias)
             };
             let u = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
             *r = _mm512_sub_epi8(u, eight);
@@ -520,23 +693,24 @@ unsafe fn panel_tokens(
     fam: Family,
     panel: &[u32],
     c4: usize,
-    u: &[u32],
-    d: &[f32],
+    (u, d): (&[u32], &[f32]),
     toks: std::ops::Range<usize>,
+    corr: Option<&[f32]>,
     k0: usize,
     n: usize,
     out: Out,
     next: Option<&[&[u8]; PANEL]>,
 ) {
     let mut j = toks.start;
-    if let Family::Q4(_) = fam {
+    if let Family::Grouped(_) = fam {
         while j < toks.end {
             let left = (toks.end - j).min(Q4_TILE_TOKENS);
+            let c = corr.map(|c| &c[(j - toks.start) * PANEL..]);
             match left {
-                4 => tile_q4::<4>(panel, c4, u, d, j, k0, n, out),
-                3 => tile_q4::<3>(panel, c4, u, d, j, k0, n, out),
-                2 => tile_q4::<2>(panel, c4, u, d, j, k0, n, out),
-                _ => tile_q4::<1>(panel, c4, u, d, j, k0, n, out),
+                4 => tile_q4::<4>(panel, c4, u, d, j, c, k0, n, out),
+                3 => tile_q4::<3>(panel, c4, u, d, j, c, k0, n, out),
+                2 => tile_q4::<2>(panel, c4, u, d, j, c, k0, n, out),
+                _ => tile_q4::<1>(panel, c4, u, d, j, c, k0, n, out),
             }
             j += left;
         }
@@ -563,9 +737,9 @@ unsafe fn panel_tokens(
     _: Family,
     _: &[u32],
     _: usize,
-    _: &[u32],
-    _: &[f32],
+    _: (&[u32], &[f32]),
     _: std::ops::Range<usize>,
+    _: Option<&[f32]>,
     _: usize,
     _: usize,
     _: Out,
@@ -651,10 +825,11 @@ const Q4_TILE_TOKENS: usize = 4;
 /// 32 `q4` rows × `T` tokens from token `j0`. Per group of 32 columns: both levels' sums
 /// from zero (exact in i32), `D = 256·A + B − 32896·Σw` — the group's exact integer
 /// `Σ c·(256·q + q₂)` — converted to f32 (exact: |D| < 2²⁴) and multiply-added with the
-/// group's scale; the token's scale at the end.
+/// group's scale; the token's scale at the end, then (`q1t`) the overlay's corrections
+/// `overlay` (`[token − j0][32 rows]`).
 ///
 /// # Safety
-/// As [`panel_tokens`], with a `q4` panel and `j0 + T ≤ d.len()`.
+/// As [`panel_tokens`], with a grouped panel and `j0 + T ≤ d.len()`.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 #[inline(always)]
@@ -664,6 +839,7 @@ unsafe fn tile_q4<const T: usize>(
     u: &[u32],
     d: &[f32],
     j0: usize,
+    overlay: Option<&[f32]>,
     k0: usize,
     n: usize,
     out: Out,
@@ -699,7 +875,11 @@ unsafe fn tile_q4<const T: usize>(
         }
         let mask = ((1u32 << rows) - 1) as __mmask16;
         for q in 0..T {
-            let r = _mm512_mul_ps(acc[v][q], _mm512_set1_ps(d[j0 + q]));
+            let mut r = _mm512_mul_ps(acc[v][q], _mm512_set1_ps(d[j0 + q]));
+            if let Some(c) = overlay {
+                let at = q * PANEL + 16 * v;
+                r = _mm512_add_ps(r, _mm512_loadu_ps(c[at..at + 16].as_ptr()));
+            }
             _mm512_mask_storeu_ps(out.slice_ptr((j0 + q) * n + k0 + 16 * v, rows), mask, r);
         }
     }

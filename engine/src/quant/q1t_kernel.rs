@@ -68,7 +68,10 @@
 //! `Balanced` is the same over `x̂ = (256·q + q₂)·d'` (`d' = d/256`, exact in f32), so it
 //! equals `Σ w·x̂` up to the same f32 rounding. For a
 //! given [`Kernel`], a (row, token) value does not depend on how many rows or tokens
-//! share a block, so `matmul` equals `t` `matvec`s bit for bit.
+//! share a block, so `matmul` equals `t` `matvec`s bit for bit — except where a
+//! `Balanced` product of 16 tokens or more runs in the packed panels of [`super::panel`]
+//! (AVX-512 VNNI, prefill): they decode each tile's digits once per product and add the
+//! same exact group terms, and the overlay's, in another order, within the same bound.
 //!
 //! Threads and memory: rows are split over the rayon pool like the other dtypes; `Exact`
 //! needs no buffer, and the integer paths' digit-major activations live in a per-thread buffer
@@ -175,7 +178,7 @@ impl Q1tOverlay {
 
     /// Row `r`'s entries (4 bytes each: `[u16 col][f16 value]`) and their corrections.
     #[inline(always)]
-    fn row<'b>(&'b self, bytes: &'b [u8], r: usize) -> (&'b [u8], &'b [f32]) {
+    pub(super) fn row<'b>(&'b self, bytes: &'b [u8], r: usize) -> (&'b [u8], &'b [f32]) {
         let es = self.range(bytes, r);
         let at = self.entries + es.start * Q1T_ENTRY..self.entries + es.end * Q1T_ENTRY;
         (&bytes[at], &self.delta[es])
