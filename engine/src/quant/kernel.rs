@@ -816,6 +816,44 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
     unsafe fn group_scale_simd(&self, i: usize, blk: usize) -> f32 {
         self.group_scale(i, blk)
     }
+
+    /// Groups `blk` and `blk + 1` of row `i` as [`IntRowsSimd::load_u8`] gives them, in the
+    /// low and the high 256 bits. Layouts that store the two side by side override it with
+    /// one load (decode is bound by these instructions, not by memory, at 4 bits).
+    ///
+    /// # Safety
+    /// As [`IntRowsSimd::load_u8`], with AVX-512 F/BW and `blk + 1 < cols / 32`.
+    #[inline(always)]
+    unsafe fn load_pair_u8(&self, i: usize, blk: usize) -> __m512i {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(self.load_u8(i, blk)),
+            self.load_u8(i, blk + 1),
+        )
+    }
+
+    /// The scales of groups `blk` and `blk + 1` of row `i`
+    /// ([`IntRowsSimd::group_scale_simd`]) in lanes 0–7 and 8–15.
+    ///
+    /// # Safety
+    /// As [`IntRowsSimd::load_pair_u8`].
+    #[inline(always)]
+    unsafe fn pair_scales(&self, i: usize, blk: usize) -> __m512 {
+        pair_vector(self.group_scale_simd(i, blk), self.group_scale_simd(i, blk + 1))
+    }
+}
+
+/// `s0` in lanes 0–7 and `s1` in lanes 8–15 ([`IntRowsSimd::pair_scales`]).
+///
+/// # Safety
+/// AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn pair_vector(s0: f32, s1: f32) -> __m512 {
+    // `insertf32x8` would need AVX-512 DQ; the 64-bit form is AVX-512 F.
+    _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+        _mm512_castps_pd(_mm512_castps256_ps512(_mm256_set1_ps(s0))),
+        _mm256_castps_pd(_mm256_set1_ps(s1)),
+    ))
 }
 
 /// Everything an integer row block must implement on this target.
@@ -1183,10 +1221,7 @@ unsafe fn int_body512<D: IntRowsSimd, const R: usize, const T: usize, const SPLI
     for pair in 0..pairs {
         let blk = 2 * pair;
         for i in 0..R {
-            let raw = _mm512_inserti64x4::<1>(
-                _mm512_castsi256_si512(d.load_u8(i, blk)),
-                d.load_u8(i, blk + 1),
-            );
+            let raw = d.load_pair_u8(i, blk);
             if T == 1 {
                 d.prefetch_next(i, blk);
                 d.prefetch_next(i, blk + 1);
@@ -1198,12 +1233,7 @@ unsafe fn int_body512<D: IntRowsSimd, const R: usize, const T: usize, const SPLI
                 neg[i] = _mm512_movepi8_mask(raw);
             }
             if D::GROUP_SCALES {
-                // `insertf32x8` would need AVX-512 DQ; the 64-bit form is AVX-512 F.
-                let (s0, s1) = (d.group_scale_simd(i, blk), d.group_scale_simd(i, blk + 1));
-                ws[i] = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                    _mm512_castps_pd(_mm512_castps256_ps512(_mm256_set1_ps(s0))),
-                    _mm256_castps_pd(_mm256_set1_ps(s1)),
-                ));
+                ws[i] = d.pair_scales(i, blk);
             }
         }
         for (j, x) in xs.iter().enumerate() {

@@ -409,6 +409,10 @@ pub(super) fn q1t_overlay(m: &Matrix) -> Option<&Q1tOverlay> {
 /// Weight rows per block: four independent accumulators per activation hide the FMA
 /// latency, and an activation vector, once loaded, serves four rows.
 pub(super) const BLOCK_ROWS: usize = 4;
+/// Weight rows per block of an integer matrix-vector product: the per-block set-up
+/// (row slices, the token's views) is shared by twice the rows, and more rows' loads are
+/// in flight.
+const INT_MATVEC_ROWS: usize = 8;
 /// Activations per block in `matmul`: a weight row is decoded once per 4 tokens.
 pub(super) const BLOCK_TOKENS: usize = 4;
 
@@ -701,7 +705,12 @@ fn matvec_rows(
     while at < ys.len() {
         let k = k0 + at;
         let out = &mut ys[at..];
-        if n - k >= BLOCK_ROWS {
+        if int && n - k >= INT_MATVEC_ROWS {
+            let out = &mut out[..INT_MATVEC_ROWS];
+            let rs = rows_of::<INT_MATVEC_ROWS>(rows, k);
+            block::<INT_MATVEC_ROWS, _>(m, bytes, rs, int, &mut Mv { acts, cols, out });
+            at += INT_MATVEC_ROWS;
+        } else if n - k >= BLOCK_ROWS {
             let out = &mut out[..BLOCK_ROWS];
             let rs = rows_of::<BLOCK_ROWS>(rows, k);
             block::<BLOCK_ROWS, _>(m, bytes, rs, int, &mut Mv { acts, cols, out });

@@ -542,7 +542,8 @@ pub(crate) fn q4tp_ladder_base(g: Geom, bytes: &[u8], r: usize) -> [f32; 2] {
 pub(crate) struct Q4tpRows<'a, const R: usize> {
     nib: [&'a [u8]; R],
     codes: [&'a [u8]; R],
-    ladder: [[f32; LADDER]; R],
+    /// `ladder[rung][row]`.
+    ladder: [[f32; R]; LADDER],
     cols: usize,
 }
 
@@ -560,13 +561,15 @@ impl<'a, const R: usize> Q4tpRows<'a, R> {
     pub fn with_bases(g: Geom, bytes: &'a [u8], rs: [usize; R], bases: [[f32; 2]; R]) -> Self {
         let l = Q4tpLayout::new(g);
         let mult: [f32; R] = std::array::from_fn(|i| bases[i][1]);
-        let mut ladder = [[0f32; LADDER]; R];
-        for (i, t) in ladder.iter_mut().enumerate() {
-            t[0] = bases[i][0];
+        // Rung-major, so that a rung of all `R` rows is one vector multiply.
+        let mut ladder = [[0f32; R]; LADDER];
+        for (t, b) in ladder[0].iter_mut().zip(&bases) {
+            *t = b[0];
         }
         for c in 1..LADDER {
-            for (t, m) in ladder.iter_mut().zip(&mult) {
-                t[c] = t[c - 1] * m;
+            let (done, rest) = ladder.split_at_mut(c);
+            for ((t, p), m) in rest[0].iter_mut().zip(&done[c - 1]).zip(&mult) {
+                *t = p * m;
             }
         }
         Q4tpRows {
@@ -583,6 +586,18 @@ impl<'a, const R: usize> Q4tpRows<'a, R> {
         }
     }
 
+    /// The scales of groups `blk` and `blk + 1` of row `i`: both 5-bit codes from one
+    /// read of the (at most three) bytes that hold them.
+    #[inline(always)]
+    fn pair_scales(&self, i: usize, blk: usize) -> [f32; 2] {
+        let c = self.codes[i];
+        let p = 5 * blk;
+        let b = |k: usize| c.get(p / 8 + k).copied().unwrap_or(0) as u32;
+        let w = (b(0) | b(1) << 8 | b(2) << 16) >> (p % 8);
+        let t = &self.ladder;
+        [t[w as usize & 31][i], t[(w >> 5) as usize & 31][i]]
+    }
+
     /// Nibble bytes and scale of group `blk` of row `i`.
     #[inline(always)]
     fn group(&self, i: usize, blk: usize) -> (&[u8], f32) {
@@ -593,7 +608,7 @@ impl<'a, const R: usize> Q4tpRows<'a, R> {
         let code = (((hi << 8) | lo) >> (p % 8)) as usize & 31;
         (
             &self.nib[i][blk * NIBBLE_BYTES..(blk + 1) * NIBBLE_BYTES],
-            self.ladder[i][code],
+            self.ladder[code][i],
         )
     }
 }
@@ -651,7 +666,7 @@ impl<const R: usize> IntRowsScalar for Q4tpRows<'_, R> {
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::kernel::{h2f, IntRowsSimd, RowsAvx2, RowsAvx512};
+    use super::super::kernel::{h2f, pair_vector, IntRowsSimd, RowsAvx2, RowsAvx512};
     use super::{Q4Rows, Q4tpRows};
     use std::arch::x86_64::*;
 
@@ -670,6 +685,19 @@ mod simd {
         let b = _mm_loadu_si128(nib as *const __m128i);
         let both = _mm256_set_m128i(_mm_srli_epi16::<4>(b), b);
         _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+    }
+
+    /// Two groups' 32 nibble bytes at `nib` as two [`nibbles_u8`]: loaded once, placed in
+    /// 128-bit lanes `[g0, g0, g1, g1]`, the high nibbles shifted down in lanes 1 and 3.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW; `nib` points at 32 readable bytes.
+    #[inline(always)]
+    unsafe fn nibble_pair_at(nib: *const u8) -> __m512i {
+        let z = _mm512_castsi256_si512(_mm256_loadu_si256(nib as *const __m256i));
+        let lanes = _mm512_shuffle_i64x2::<0b01_01_00_00>(z, z);
+        let nib = _mm512_mask_srli_epi16::<4>(lanes, 0xFF00_FF00, lanes);
+        _mm512_and_si512(nib, _mm512_set1_epi8(0x0F))
     }
 
     impl<const R: usize, const TILED: bool> IntRowsSimd for Q4Rows<'_, R, TILED> {
@@ -704,6 +732,32 @@ mod simd {
         unsafe fn group_scale_simd(&self, i: usize, blk: usize) -> f32 {
             h2f(self.group_unchecked(i, blk).1)
         }
+
+        /// `q4_block`: a row's two groups are 32 contiguous bytes ([`nibble_pair_at`]).
+        #[inline(always)]
+        unsafe fn load_pair_u8(&self, i: usize, blk: usize) -> __m512i {
+            if TILED {
+                return _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(self.load_u8(i, blk)),
+                    self.load_u8(i, blk + 1),
+                );
+            }
+            // In bounds: groups `blk` and `blk + 1` of row `i` (the caller's contract).
+            nibble_pair_at(self.group_unchecked(i, blk).0)
+        }
+
+        /// `q4_block`: a row's two scales are 4 contiguous bytes, converted at once.
+        #[inline(always)]
+        unsafe fn pair_scales(&self, i: usize, blk: usize) -> __m512 {
+            if TILED {
+                return pair_vector(self.group_scale_simd(i, blk), self.group_scale_simd(i, blk + 1));
+            }
+            // In bounds: scales `blk` and `blk + 1` of row `i`.
+            let p = self.scales.get_unchecked(i).as_ptr().add(2 * blk);
+            let two = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()));
+            let spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+            _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(two))
+        }
     }
 
     impl<const R: usize> IntRowsSimd for Q4tpRows<'_, R> {
@@ -712,6 +766,19 @@ mod simd {
         #[inline(always)]
         unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {
             nibbles_u8(self.group(i, blk).0)
+        }
+
+        #[inline(always)]
+        unsafe fn pair_scales(&self, i: usize, blk: usize) -> __m512 {
+            let [s0, s1] = Q4tpRows::pair_scales(self, i, blk);
+            pair_vector(s0, s1)
+        }
+
+        /// The nibble plane holds a row's groups side by side ([`nibble_pair_at`]).
+        #[inline(always)]
+        unsafe fn load_pair_u8(&self, i: usize, blk: usize) -> __m512i {
+            let at = blk * super::NIBBLE_BYTES;
+            nibble_pair_at(self.nib[i][at..at + 2 * super::NIBBLE_BYTES].as_ptr())
         }
 
         /// The nibble plane is `q4_block`'s: row `i` two blocks on is `2·R` rows further.

@@ -405,6 +405,12 @@ mod simd {
             )
         }
 
+        /// Two groups are 64 contiguous bytes.
+        #[inline(always)]
+        unsafe fn load_pair_u8(&self, i: usize, blk: usize) -> __m512i {
+            _mm512_loadu_si512(self.codes[i][blk * STEP..(blk + 2) * STEP].as_ptr() as *const _)
+        }
+
         /// Rows are contiguous: row `i` two blocks on is `2·R·cols` bytes further.
         #[inline(always)]
         unsafe fn prefetch_next(&self, i: usize, blk: usize) {
