@@ -632,7 +632,7 @@ impl QuantizedActs {
         }
     }
 
-    /// Quantizes `x` (`[t, cols]`), multiplied elementwise by the f16 column field `col`
+    /// Quantizes `x` (`[t, cols]`), multiplied elementwise by the column field `col`
     /// first when given (`q8_2f`: `Σ q·col·x = Σ q·(col·x)`); per group with one level,
     /// or per token with the residual level when `split`.
     pub fn fill(
@@ -640,7 +640,7 @@ impl QuantizedActs {
         x: &[f32],
         t: usize,
         cols: usize,
-        col: Option<&[u8]>,
+        col: Option<&[f32]>,
         order: ActOrder,
         split: bool,
     ) {
@@ -673,11 +673,7 @@ impl QuantizedActs {
             let mut xr = &x[j * cols..(j + 1) * cols];
             if let Some(col) = col {
                 scaled.clear();
-                scaled.extend(
-                    xr.iter()
-                        .enumerate()
-                        .map(|(e, v)| v * h2f_scalar(le16(col, 2 * e))),
-                );
+                scaled.extend(xr.iter().zip(col).map(|(v, c)| v * c));
                 xr = scaled;
             }
             quantize_token(xr, order, split, token);

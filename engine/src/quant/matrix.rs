@@ -42,7 +42,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::f16s::{DecodedRows, F32Rows, HalfRows};
-use super::kernel::{run, run_int, ActOrder, IntRows, QToken, QuantizedActs, Rows};
+use super::kernel::{h2f_scalar, le16, run, run_int, ActOrder, IntRows, QToken, QuantizedActs, Rows};
 use super::panel;
 use super::q1::{self, Q1sRowIndex};
 use super::q1t_kernel::{self, Q1tActs, Q1tOverlay, Q1tProduct};
@@ -78,6 +78,10 @@ enum RowIndex {
     Q1s(Q1sRowIndex),
     /// `q1t`: where the overlay lies, its shadowed entries.
     Q1t(Q1tOverlay),
+    /// `q8_2f`: the column field in f32, which every quantized product multiplies into
+    /// its activations (converting it from f16 per token and element cost more than the
+    /// quantization). `cols` floats beside `rows·cols` weight bytes.
+    ColField(Vec<f32>),
     /// `q4tp`: each row's ladder start and factor ([`q4::q4tp_ladder_base`]).
     Q4tp(Vec<[f32; 2]>),
 }
@@ -105,6 +109,11 @@ impl Matrix {
                     .map(|r| q4::q4tp_ladder_base(g, bytes, r))
                     .collect(),
             ),
+            DType::Q8_2f => {
+                let l = Q8Layout::new(g);
+                let field = &bytes[l.col_field..l.col_field + 2 * g.cols];
+                RowIndex::ColField(field.chunks_exact(2).map(|h| h2f_scalar(le16(h, 0))).collect())
+            }
             _ => RowIndex::None,
         };
         Ok(Matrix {
@@ -168,7 +177,7 @@ impl Matrix {
                 vbit::decode_row_from(self.dtype, g, bytes, r, starts[r], out)
             }
             RowIndex::Q1s(index) => q1::decode_q1s_row_indexed(g, bytes, index, r, out),
-            RowIndex::None | RowIndex::Q1t(_) | RowIndex::Q4tp(_) => {
+            RowIndex::None | RowIndex::Q1t(_) | RowIndex::Q4tp(_) | RowIndex::ColField(_) => {
                 decode_row(self.dtype, &self.shape, bytes, r, out).map_err(|e| e.to_string())
             }
         }
@@ -281,17 +290,13 @@ thread_local! {
 /// stealing another product's task) quantizes into a one-off buffer instead.
 fn with_quantized<Out>(
     m: &Matrix,
-    bytes: &[u8],
     x: &[f32],
     t: usize,
     order: ActOrder,
     p: Precision,
     f: impl FnOnce(Acts) -> Out,
 ) -> Out {
-    let col = (m.dtype == DType::Q8_2f).then(|| {
-        let l = Q8Layout::new(m.geom);
-        &bytes[l.col_field..l.col_field + 2 * m.cols]
-    });
+    let col = col_field(m);
     QACTS.with(|cell| match cell.try_borrow_mut() {
         Ok(mut qa) => {
             qa.fill(x, t, m.cols, col, order, p.split());
@@ -398,6 +403,14 @@ pub(super) fn q4tp_rows<'a, const R: usize>(
     }
 }
 
+/// The column field of the `q8_2f` matrix `m` in f32 (converted at load).
+fn col_field(m: &Matrix) -> Option<&[f32]> {
+    match &m.index {
+        RowIndex::ColField(col) => Some(col),
+        _ => None,
+    }
+}
+
 /// The overlay of the `q1t` matrix `m` (computed at load).
 pub(super) fn q1t_overlay(m: &Matrix) -> Option<&Q1tOverlay> {
     match &m.index {
@@ -469,7 +482,7 @@ fn matvec_sel(
         return;
     }
     match int_order(m) {
-        Some(order) if p.is_int() => with_quantized(m, bytes, x, 1, order, p, |acts| {
+        Some(order) if p.is_int() => with_quantized(m, x, 1, order, p, |acts| {
             matvec_impl(m, bytes, acts, rows, y)
         }),
         _ => matvec_impl(m, bytes, Acts::F32(x), rows, y),
@@ -502,7 +515,7 @@ pub fn matvec_multi(parts: &mut [MatvecPart], x: &[f32], p: Precision) {
         );
         assert_eq!(part.bytes.len(), part.m.nbytes, "bytes of another tensor");
     }
-    let (m0, b0) = (first.m, first.bytes);
+    let m0 = first.m;
     let order = int_order(m0);
     // One quantization serves all parts only when they read activations alike; `q8_2f`
     // folds its own column field into them.
@@ -518,7 +531,7 @@ pub fn matvec_multi(parts: &mut [MatvecPart], x: &[f32], p: Precision) {
     }
     match order {
         Some(order) if p.is_int() && shared => {
-            with_quantized(m0, b0, x, 1, order, p, |acts| run_all(parts, acts))
+            with_quantized(m0, x, 1, order, p, |acts| run_all(parts, acts))
         }
         _ if p == Precision::Exact => run_all(parts, Acts::F32(x)),
         // Each part quantizes for itself; one after the other, so that each uses this
@@ -581,11 +594,7 @@ pub fn matmul_each(jobs: &mut [MatmulJob], p: Precision) {
         }
         for (j, qa) in jobs.iter().zip(qas.iter_mut()) {
             if let Some(order) = int_order(j.m) {
-                let col = (j.m.dtype == DType::Q8_2f).then(|| {
-                    let l = Q8Layout::new(j.m.geom);
-                    &j.bytes[l.col_field..l.col_field + 2 * j.m.cols]
-                });
-                qa.fill(j.x, j.t, j.m.cols, col, order, p.split());
+                qa.fill(j.x, j.t, j.m.cols, col_field(j.m), order, p.split());
             }
         }
         jobs.par_iter_mut().zip(qas.par_iter()).for_each(|(j, qa)| {
@@ -811,7 +820,7 @@ fn matmul_sel(
         return;
     }
     match int_order(m) {
-        Some(order) if p.is_int() => with_quantized(m, bytes, x, t, order, p, |acts| {
+        Some(order) if p.is_int() => with_quantized(m, x, t, order, p, |acts| {
             matmul_impl(m, bytes, acts, t, rows, y)
         }),
         _ => matmul_impl(m, bytes, Acts::F32(x), t, rows, y),
