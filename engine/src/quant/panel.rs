@@ -1,5 +1,6 @@
 //! Prefill's `q8`, `q4` and `q1t` products at the default precision as a blocked matrix-matrix
-//! product on AVX-512 VNNI: weight rows packed into panels, 16 rows per vector.
+//! product on AVX-512 VNNI (and `q4`'s on AVX2): weight rows packed into panels, 16 rows
+//! per vector.
 //!
 //! [`super::kernel::run_wide`] sums a row's codes against a token's int16 activation codes
 //! `k = 256·q + q₂` with the columns in the vector lanes, and so ends every (row, token)
@@ -26,6 +27,11 @@
 //! the same exact group terms in another order, so here the values agree within the f32
 //! bound rather than bit for bit; hence [`Q4_MIN_TOKENS`].
 //!
+//! Without AVX-512 VNNI (an AVX2 CPU, or `CORTIQ_SIMD=avx2`) the `q4` products of 32 tokens
+//! or more run in the same panels, packed with AVX2 ([`pack_grouped_avx2`]), 8 rows per
+//! vector and `vpmaddubsw` summing a group in int16 ([`tile_q4_avx2`]): the same exact
+//! group integers in the same order as the AVX-512 panels, so the same values.
+//!
 //! `q1t` is packed the same way: its ternary digits are codes `−1, 0, 1` with a scale per
 //! tile of 32, so a `q1t` panel is a `q4` panel whose codes are small. Its overlay is added
 //! to each panel's finished outputs, as the row kernels add it to theirs
@@ -40,17 +46,14 @@ use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 use super::kernel::IntRowsSimd;
-use super::kernel::{h2f_scalar, le16, QToken, QuantizedActs, SPLIT_SHIFT};
-#[cfg(target_arch = "x86_64")]
+use super::kernel::{h2f_scalar, le16, Kernel, QToken, QuantizedActs, SPLIT_SHIFT};
 use super::matrix::q4tp_rows;
 use super::matrix::q1t_overlay;
 use super::q1::Q1T_ENTRY;
 use super::q1t_kernel::Q1tOverlay;
-#[cfg(target_arch = "x86_64")]
 use super::q1t_kernel::Q1tRows;
 use super::matrix::Matrix;
 use super::matrix::Out;
-#[cfg(target_arch = "x86_64")]
 use super::q4::Q4Rows;
 use super::q8::Q8Layout;
 use super::Geom;
@@ -129,7 +132,19 @@ pub(super) fn applies(m: &Matrix, qa: &QuantizedActs, t: usize) -> Option<Family
         Family::Grouped(_) => t >= Q4_MIN_TOKENS,
     };
     let vnni = m.kernel().has_vnni() && cfg!(target_arch = "x86_64");
-    (vnni && long_enough && qa.is_split() && m.cols <= MAX_COLS).then_some(fam)
+    let simd = vnni || (avx2_takes(m, fam) && t >= AVX2_MIN_TOKENS);
+    (simd && long_enough && qa.is_split() && m.cols <= MAX_COLS).then_some(fam)
+}
+
+/// Fewest tokens a `q4` product runs in the AVX2 panels with: their packing is scalar.
+const AVX2_MIN_TOKENS: usize = 32;
+
+/// Whether `m`'s products of `fam` run in the AVX2 panels ([`tile_q4_avx2`]): `q4`
+/// layouts on a CPU (or a forced level) without AVX-512 VNNI. (`q1t`'s overlay and the
+/// `q8` panels are AVX-512 only.)
+fn avx2_takes(m: &Matrix, fam: Family) -> bool {
+    let q4 = matches!(fam, Family::Grouped(k) if k != Grouped::Q1t);
+    q4 && cfg!(target_arch = "x86_64") && m.kernel() != Kernel::Scalar && !m.kernel().has_vnni()
 }
 
 /// `y[j, i] = post_r · d_j · Σ_c w[r, c]·k[j, c]` for the output rows `r` of `sel` (or all),
@@ -175,6 +190,7 @@ pub(super) fn matmul(
             unsafe { activation_columns(qa, t, tp, g.cols, xt) };
         }
         let xt = &xt[..if ov.is_some() { g.cols * tp } else { 0 }];
+        let avx2 = avx2_takes(m, fam);
         (0..tasks.div_ceil(per_task))
             .into_par_iter()
             .for_each(|task| {
@@ -200,7 +216,7 @@ pub(super) fn matmul(
                         // runs, the next panel's rows are fetched from memory.
                         buf.resize(panel_words, 0);
                         for p in panels.clone() {
-                            pack(m, fam, bytes, sel, p * PANEL, n, c4, buf);
+                            pack(m, fam, bytes, sel, p * PANEL, n, c4, avx2, buf);
                             let next = (p + 1 < panels.end && fam == Family::Q8)
                                 .then(|| panel_rows(g, bytes, sel, (p + 1) * PANEL, n));
                             let corr = overlay(p, 0..t, corr).then_some(&corr[..]);
@@ -211,6 +227,7 @@ pub(super) fn matmul(
                             unsafe {
                                 panel_tokens(
                                     fam,
+                                    avx2,
                                     buf,
                                     c4,
                                     (u, d),
@@ -227,7 +244,7 @@ pub(super) fn matmul(
                     }
                     buf.resize(panels.len() * panel_words, 0);
                     for (p, chunk) in panels.clone().zip(buf.chunks_exact_mut(panel_words)) {
-                        pack(m, fam, bytes, sel, p * PANEL, n, c4, chunk);
+                        pack(m, fam, bytes, sel, p * PANEL, n, c4, avx2, chunk);
                     }
                     for j0 in (0..t).step_by(tok_block) {
                         let toks = j0..(j0 + tok_block).min(t);
@@ -237,6 +254,7 @@ pub(super) fn matmul(
                             unsafe {
                                 panel_tokens(
                                     fam,
+                                    avx2,
                                     chunk,
                                     c4,
                                     (u, d),
@@ -416,7 +434,21 @@ fn panel_len(fam: Family, c4: usize) -> usize {
     }
 }
 
-/// Packs output rows `k0 .. k0 + 32` (those below `n`; the rest zero) into `dst`.
+/// The weight rows of outputs `first .. first + N`: the first `live`, then row 0.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn part_rows<const N: usize>(sel: Option<&[u32]>, first: usize, live: usize) -> [usize; N] {
+    std::array::from_fn(|i| {
+        let k = first + i;
+        if i < live {
+            sel.map_or(k, |s| s[k] as usize)
+        } else {
+            0
+        }
+    })
+}
+
+/// Packs output rows `k0 .. k0 + 32` (those below `n`; the rest zero) into `dst`; `avx2`:
+/// grouped layouts without AVX-512 ([`pack_grouped_avx2`]).
 #[allow(clippy::too_many_arguments)]
 fn pack(
     m: &Matrix,
@@ -426,22 +458,46 @@ fn pack(
     k0: usize,
     n: usize,
     c4: usize,
+    avx2: bool,
     dst: &mut [u32],
 ) {
     let g = m.geom();
+    if let (Family::Grouped(kind), true) = (fam, avx2) {
+        dst.fill(0);
+        #[cfg(target_arch = "x86_64")]
+        for oct in 0..PANEL / 8 {
+            let live = n.saturating_sub(k0 + 8 * oct).min(8);
+            if live == 0 {
+                break;
+            }
+            // Rows past `n` read row 0's bytes (any valid row); their words are not stored.
+            let rs = part_rows::<8>(sel, k0 + 8 * oct, live);
+            // SAFETY: the AVX2 panels run only where AVX2 is present (`avx2_takes`).
+            unsafe {
+                match kind {
+                    Grouped::Q4Block => {
+                        pack_grouped_avx2(&Q4Rows::<8, false>::new_at(g, bytes, rs), live, oct, c4, dst)
+                    }
+                    Grouped::Q4Tiled => {
+                        pack_grouped_avx2(&Q4Rows::<8, true>::new_at(g, bytes, rs), live, oct, c4, dst)
+                    }
+                    Grouped::Q4tp => {
+                        pack_grouped_avx2(&q4tp_rows::<8>(m, bytes, rs), live, oct, c4, dst)
+                    }
+                    Grouped::Q1t => {
+                        pack_grouped_avx2(&Q1tRows::<8>::new_at(g, bytes, rs), live, oct, c4, dst)
+                    }
+                }
+            }
+        }
+        return;
+    }
     if let Family::Grouped(kind) = fam {
         #[cfg(target_arch = "x86_64")]
         for half in 0..2 {
             let live = n.saturating_sub(k0 + 16 * half).min(16);
             // Rows past `n` read row 0's bytes (any valid row) and are zeroed.
-            let rs: [usize; 16] = std::array::from_fn(|i| {
-                let k = k0 + 16 * half + i;
-                if i < live {
-                    sel.map_or(k, |s| s[k] as usize)
-                } else {
-                    0
-                }
-            });
+            let rs = part_rows::<16>(sel, k0 + 16 * half, live);
             // SAFETY: the panel kernel only runs where AVX-512 VNNI is present.
             unsafe {
                 match kind {
@@ -603,6 +659,61 @@ unsafe fn pack_q4<D: IntRowsSimd>(d: &D, live: usize, half: usize, c4: usize, ds
     }
 }
 
+/// Rows `8·oct ..` (`live` of them real) of a grouped panel, in the layout [`pack_q4`]
+/// writes, with AVX2: per group, the 8 rows' code vectors (signed: `load_u8` less its
+/// offset) transposed 8 × 8 words in registers, `Σw` by `vpmaddubsw` against ones.
+///
+/// # Safety
+/// AVX2; `dst` is one zeroed panel of `c4` words per row (`cols % 32 == 0`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_grouped_avx2<D: IntRowsSimd>(d: &D, live: usize, oct: usize, c4: usize, dst: &mut [u32]) {
+    let groups = c4 / 8;
+    assert!(dst.len() == panel_len(Family::Grouped(Grouped::Q4Block), c4) && live <= 8);
+    let (codes, tail) = dst.split_at_mut(c4.next_multiple_of(16) * PANEL);
+    let (corr, scales) = tail.split_at_mut(groups * PANEL);
+    let bias = _mm256_set1_epi8(if D::OFFSET8 { 8 } else { 0 });
+    let (ones8, ones16) = (_mm256_set1_epi8(1), _mm256_set1_epi16(1));
+    for g in 0..groups {
+        let mut r = [_mm256_setzero_si256(); 8];
+        for (i, r) in r.iter_mut().enumerate().take(live) {
+            *r = _mm256_sub_epi8(d.load_u8(i, g), bias);
+        }
+        // 8 × 8 words: vector `k` becomes word `k` (columns 4k..4k+4) of every row.
+        let t0: [__m256i; 8] = std::array::from_fn(|i| {
+            let (a, b) = (r[i & !1], r[i | 1]);
+            if i % 2 == 0 { _mm256_unpacklo_epi32(a, b) } else { _mm256_unpackhi_epi32(a, b) }
+        });
+        let t1: [__m256i; 8] = std::array::from_fn(|i| {
+            let base = (i / 4) * 4 + (i % 2);
+            let (a, b) = (t0[base], t0[base + 2]);
+            if (i / 2) % 2 == 0 { _mm256_unpacklo_epi64(a, b) } else { _mm256_unpackhi_epi64(a, b) }
+        });
+        // t1[0..4]: rows 0–3, t1[4..8]: rows 4–7, each a word in each 128-bit half.
+        let mut sum = _mm256_setzero_si256();
+        for k in 0..8 {
+            // Words {0|4}, {1|5}, {2|6}, {3|7} sit in t1[0], t1[2], t1[1], t1[3].
+            let m = [0, 2, 1, 3][k % 4];
+            let (lo, hi) = (t1[m], t1[4 + m]);
+            let v = if k < 4 {
+                _mm256_permute2x128_si256::<0x20>(lo, hi)
+            } else {
+                _mm256_permute2x128_si256::<0x31>(lo, hi)
+            };
+            let at = (8 * g + k) * PANEL + 8 * oct;
+            _mm256_storeu_si256(codes[at..at + 8].as_mut_ptr() as *mut _, v);
+            sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(ones8, v));
+        }
+        let sum = _mm256_madd_epi16(sum, ones16);
+        let scaled = _mm256_mullo_epi32(sum, _mm256_set1_epi32(-Q4_OFFSET));
+        let at = g * PANEL + 8 * oct;
+        _mm256_storeu_si256(corr[at..at + 8].as_mut_ptr() as *mut _, scaled);
+        for i in 0..live {
+            scales[at + i] = d.group_scale_simd(i, g).to_bits();
+        }
+    }
+}
+
 /// `256·128 + 128`: what the unsigned activation bytes (`q + 128`, `q₂ + 128`) add to
 /// `256·Σ w·q + Σ w·q₂` per unit of `Σ w`.
 const Q4_OFFSET: i32 = 32896;
@@ -690,6 +801,7 @@ fn unsigned_acts(qa: &QuantizedActs, t: usize, c4: usize, u: &mut Vec<u32>) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
 unsafe fn panel_tokens(
     fam: Family,
+    avx2: bool,
     panel: &[u32],
     c4: usize,
     (u, d): (&[u32], &[f32]),
@@ -701,6 +813,19 @@ unsafe fn panel_tokens(
     next: Option<&[&[u8]; PANEL]>,
 ) {
     let mut j = toks.start;
+    if avx2 {
+        while j < toks.end {
+            let left = (toks.end - j).min(2);
+            for half in 0..2 {
+                match left {
+                    2 => tile_q4_avx2::<2>(panel, c4, u, d, j, half, k0, n, out),
+                    _ => tile_q4_avx2::<1>(panel, c4, u, d, j, half, k0, n, out),
+                }
+            }
+            j += left;
+        }
+        return;
+    }
     if let Family::Grouped(_) = fam {
         while j < toks.end {
             let left = (toks.end - j).min(Q4_TILE_TOKENS);
@@ -734,6 +859,7 @@ unsafe fn panel_tokens(
 #[allow(clippy::too_many_arguments)]
 unsafe fn panel_tokens(
     _: Family,
+    _: bool,
     _: &[u32],
     _: usize,
     _: (&[u32], &[f32]),
@@ -881,6 +1007,79 @@ unsafe fn tile_q4<const T: usize>(
             }
             _mm512_mask_storeu_ps(out.slice_ptr((j0 + q) * n + k0 + 16 * v, rows), mask, r);
         }
+    }
+}
+
+/// The AVX2 form of [`tile_q4`]: rows `16·half ..` of a `q4` panel (two 8-row vectors) ×
+/// `T` tokens from `j0`. AVX2 has no `vpdpbusd`: `vpmaddubsw` multiplies the unsigned
+/// activation bytes (`q + 128`, broadcast) by the signed codes (`|c| ≤ 8`) into pairs of
+/// at most `2·255·8 = 4080`, and a group's 8 steps add up in int16 (at most 32640, no
+/// saturation) before `vpmaddwd` widens them; then `D = 256·A + B − 32896·Σw`, the same
+/// exact group integer as the AVX-512 panels', converted and multiply-added with the
+/// group's scale, in the same order: the values equal [`tile_q4`]'s bit for bit.
+///
+/// # Safety
+/// AVX2 + FMA; otherwise as [`tile_q4`].
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_q4_avx2<const T: usize>(
+    panel: &[u32],
+    c4: usize,
+    u: &[u32],
+    d: &[f32],
+    j0: usize,
+    half: usize,
+    k0: usize,
+    n: usize,
+    out: Out,
+) {
+    let rows = n.saturating_sub(k0 + 16 * half).min(16);
+    if rows == 0 {
+        return;
+    }
+    let groups = c4 / 8;
+    let w = panel.as_ptr().add(16 * half);
+    let corr = panel.as_ptr().add(c4.next_multiple_of(16) * PANEL + 16 * half);
+    let scales = corr.add(groups * PANEL) as *const f32;
+    let up: [*const u32; T] = std::array::from_fn(|q| u.as_ptr().add((j0 + q) * 2 * c4));
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); T]; 2];
+    for g in 0..groups {
+        let mut a = [[_mm256_setzero_si256(); T]; 2];
+        let mut b = [[_mm256_setzero_si256(); T]; 2];
+        for c in 8 * g..8 * g + 8 {
+            let w0 = _mm256_loadu_si256(w.add(c * PANEL) as *const _);
+            let w1 = _mm256_loadu_si256(w.add(c * PANEL + 8) as *const _);
+            for q in 0..T {
+                let hi = _mm256_set1_epi32(*up[q].add(2 * c) as i32);
+                let lo = _mm256_set1_epi32(*up[q].add(2 * c + 1) as i32);
+                a[0][q] = _mm256_add_epi16(a[0][q], _mm256_maddubs_epi16(hi, w0));
+                a[1][q] = _mm256_add_epi16(a[1][q], _mm256_maddubs_epi16(hi, w1));
+                b[0][q] = _mm256_add_epi16(b[0][q], _mm256_maddubs_epi16(lo, w0));
+                b[1][q] = _mm256_add_epi16(b[1][q], _mm256_maddubs_epi16(lo, w1));
+            }
+        }
+        for v in 0..2 {
+            // The stored offset is `−32896·Σw`.
+            let cv = _mm256_loadu_si256(corr.add(g * PANEL + 8 * v) as *const _);
+            let sv = _mm256_loadu_ps(scales.add(g * PANEL + 8 * v));
+            for q in 0..T {
+                let hi = _mm256_madd_epi16(a[v][q], ones);
+                let lo = _mm256_add_epi32(_mm256_madd_epi16(b[v][q], ones), cv);
+                let dot = _mm256_add_epi32(_mm256_slli_epi32::<8>(hi), lo);
+                acc[v][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sv, acc[v][q]);
+            }
+        }
+    }
+    for q in 0..T {
+        let mut r = [0f32; 16];
+        for v in 0..2 {
+            let x = _mm256_mul_ps(acc[v][q], _mm256_set1_ps(d[j0 + q]));
+            _mm256_storeu_ps(r[8 * v..].as_mut_ptr(), x);
+        }
+        let at = (j0 + q) * n + k0 + 16 * half;
+        std::ptr::copy_nonoverlapping(r.as_ptr(), out.slice_ptr(at, rows), rows);
     }
 }
 
