@@ -27,7 +27,7 @@
 //! the same exact group terms in another order, so here the values agree within the f32
 //! bound rather than bit for bit; hence [`Q4_MIN_TOKENS`].
 //!
-//! Without AVX-512 VNNI (an AVX2 CPU, or `CORTIQ_SIMD=avx2`) the `q4` products of 32 tokens
+//! Without AVX-512 VNNI (an AVX2 CPU, or `CORTIQ_SIMD=avx2`) the `q4` products of 16 tokens
 //! or more run in the same panels, packed with AVX2 ([`pack_grouped_avx2`]), 8 rows per
 //! vector and `vpmaddubsw` summing a group in int16 ([`tile_q4_avx2`]): the same exact
 //! group integers in the same order as the AVX-512 panels, so the same values.
@@ -124,7 +124,7 @@ fn family(m: &Matrix) -> Option<Family> {
 
 /// The family a product of `m` over `t` tokens of `qa` runs here with, if it does: at the
 /// two-level precision, on AVX-512 VNNI, `q8` products of [`Q8_MIN_TOKENS`] tokens or more
-/// and `q4` products of [`Q4_MIN_TOKENS`].
+/// and `q4`/`q1t` products of [`Q4_MIN_TOKENS`]; on AVX2 alone, the `q4` ones.
 pub(super) fn applies(m: &Matrix, qa: &QuantizedActs, t: usize) -> Option<Family> {
     let fam = family(m)?;
     let long_enough = match fam {
@@ -132,12 +132,9 @@ pub(super) fn applies(m: &Matrix, qa: &QuantizedActs, t: usize) -> Option<Family
         Family::Grouped(_) => t >= Q4_MIN_TOKENS,
     };
     let vnni = m.kernel().has_vnni() && cfg!(target_arch = "x86_64");
-    let simd = vnni || (avx2_takes(m, fam) && t >= AVX2_MIN_TOKENS);
+    let simd = vnni || avx2_takes(m, fam);
     (simd && long_enough && qa.is_split() && m.cols <= MAX_COLS).then_some(fam)
 }
-
-/// Fewest tokens a `q4` product runs in the AVX2 panels with: their packing is scalar.
-const AVX2_MIN_TOKENS: usize = 32;
 
 /// Whether `m`'s products of `fam` run in the AVX2 panels ([`tile_q4_avx2`]): `q4`
 /// layouts on a CPU (or a forced level) without AVX-512 VNNI. (`q1t`'s overlay and the
