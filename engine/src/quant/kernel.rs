@@ -834,7 +834,10 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
     /// As [`IntRowsSimd::load_pair_u8`].
     #[inline(always)]
     unsafe fn pair_scales(&self, i: usize, blk: usize) -> __m512 {
-        pair_vector(self.group_scale_simd(i, blk), self.group_scale_simd(i, blk + 1))
+        pair_vector(
+            self.group_scale_simd(i, blk),
+            self.group_scale_simd(i, blk + 1),
+        )
     }
 }
 

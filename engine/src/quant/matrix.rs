@@ -42,7 +42,9 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::f16s::{DecodedRows, F32Rows, HalfRows};
-use super::kernel::{h2f_scalar, le16, run, run_int, ActOrder, IntRows, QToken, QuantizedActs, Rows};
+use super::kernel::{
+    h2f_scalar, le16, run, run_int, ActOrder, IntRows, QToken, QuantizedActs, Rows,
+};
 use super::panel;
 use super::q1::{self, Q1sRowIndex};
 use super::q1t_kernel::{self, Q1tActs, Q1tOverlay, Q1tProduct};
@@ -112,7 +114,12 @@ impl Matrix {
             DType::Q8_2f => {
                 let l = Q8Layout::new(g);
                 let field = &bytes[l.col_field..l.col_field + 2 * g.cols];
-                RowIndex::ColField(field.chunks_exact(2).map(|h| h2f_scalar(le16(h, 0))).collect())
+                RowIndex::ColField(
+                    field
+                        .chunks_exact(2)
+                        .map(|h| h2f_scalar(le16(h, 0)))
+                        .collect(),
+                )
             }
             _ => RowIndex::None,
         };

@@ -47,13 +47,13 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use super::kernel::IntRowsSimd;
 use super::kernel::{h2f_scalar, le16, Kernel, QToken, QuantizedActs, SPLIT_SHIFT};
-use super::matrix::q4tp_rows;
 use super::matrix::q1t_overlay;
+use super::matrix::q4tp_rows;
+use super::matrix::Matrix;
+use super::matrix::Out;
 use super::q1::Q1T_ENTRY;
 use super::q1t_kernel::Q1tOverlay;
 use super::q1t_kernel::Q1tRows;
-use super::matrix::Matrix;
-use super::matrix::Out;
 use super::q4::Q4Rows;
 use super::q8::Q8Layout;
 use super::Geom;
@@ -359,7 +359,8 @@ unsafe fn activation_columns(
     let levels = transpose_indices();
     let bytes16 = |s: &[i8]| _mm512_cvtepi8_epi32(_mm_loadu_si128(s[..16].as_ptr() as *const _));
     for j0 in (0..tp).step_by(16) {
-        let tks: [Option<QToken>; 16] = std::array::from_fn(|q| (j0 + q < t).then(|| qa.token(j0 + q)));
+        let tks: [Option<QToken>; 16] =
+            std::array::from_fn(|q| (j0 + q < t).then(|| qa.token(j0 + q)));
         for c0 in (0..cols).step_by(16) {
             let mut r = [_mm512_setzero_si512(); 16];
             for (v, tk) in r.iter_mut().zip(&tks) {
@@ -472,12 +473,20 @@ fn pack(
             // SAFETY: the AVX2 panels run only where AVX2 is present (`avx2_takes`).
             unsafe {
                 match kind {
-                    Grouped::Q4Block => {
-                        pack_grouped_avx2(&Q4Rows::<8, false>::new_at(g, bytes, rs), live, oct, c4, dst)
-                    }
-                    Grouped::Q4Tiled => {
-                        pack_grouped_avx2(&Q4Rows::<8, true>::new_at(g, bytes, rs), live, oct, c4, dst)
-                    }
+                    Grouped::Q4Block => pack_grouped_avx2(
+                        &Q4Rows::<8, false>::new_at(g, bytes, rs),
+                        live,
+                        oct,
+                        c4,
+                        dst,
+                    ),
+                    Grouped::Q4Tiled => pack_grouped_avx2(
+                        &Q4Rows::<8, true>::new_at(g, bytes, rs),
+                        live,
+                        oct,
+                        c4,
+                        dst,
+                    ),
                     Grouped::Q4tp => {
                         pack_grouped_avx2(&q4tp_rows::<8>(m, bytes, rs), live, oct, c4, dst)
                     }
@@ -514,7 +523,9 @@ fn pack(
                     ),
                     // The ladders from the matrix's index, not evaluated again.
                     Grouped::Q4tp => pack_q4(&q4tp_rows::<16>(m, bytes, rs), live, half, c4, dst),
-                    Grouped::Q1t => pack_q4(&Q1tRows::<16>::new_at(g, bytes, rs), live, half, c4, dst),
+                    Grouped::Q1t => {
+                        pack_q4(&Q1tRows::<16>::new_at(g, bytes, rs), live, half, c4, dst)
+                    }
                 }
             }
         }
@@ -664,7 +675,13 @@ unsafe fn pack_q4<D: IntRowsSimd>(d: &D, live: usize, half: usize, c4: usize, ds
 /// AVX2; `dst` is one zeroed panel of `c4` words per row (`cols % 32 == 0`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pack_grouped_avx2<D: IntRowsSimd>(d: &D, live: usize, oct: usize, c4: usize, dst: &mut [u32]) {
+unsafe fn pack_grouped_avx2<D: IntRowsSimd>(
+    d: &D,
+    live: usize,
+    oct: usize,
+    c4: usize,
+    dst: &mut [u32],
+) {
     let groups = c4 / 8;
     assert!(dst.len() == panel_len(Family::Grouped(Grouped::Q4Block), c4) && live <= 8);
     let (codes, tail) = dst.split_at_mut(c4.next_multiple_of(16) * PANEL);
@@ -679,12 +696,20 @@ unsafe fn pack_grouped_avx2<D: IntRowsSimd>(d: &D, live: usize, oct: usize, c4: 
         // 8 × 8 words: vector `k` becomes word `k` (columns 4k..4k+4) of every row.
         let t0: [__m256i; 8] = std::array::from_fn(|i| {
             let (a, b) = (r[i & !1], r[i | 1]);
-            if i % 2 == 0 { _mm256_unpacklo_epi32(a, b) } else { _mm256_unpackhi_epi32(a, b) }
+            if i % 2 == 0 {
+                _mm256_unpacklo_epi32(a, b)
+            } else {
+                _mm256_unpackhi_epi32(a, b)
+            }
         });
         let t1: [__m256i; 8] = std::array::from_fn(|i| {
             let base = (i / 4) * 4 + (i % 2);
             let (a, b) = (t0[base], t0[base + 2]);
-            if (i / 2) % 2 == 0 { _mm256_unpacklo_epi64(a, b) } else { _mm256_unpackhi_epi64(a, b) }
+            if (i / 2) % 2 == 0 {
+                _mm256_unpacklo_epi64(a, b)
+            } else {
+                _mm256_unpackhi_epi64(a, b)
+            }
         });
         // t1[0..4]: rows 0–3, t1[4..8]: rows 4–7, each a word in each 128-bit half.
         let mut sum = _mm256_setzero_si256();
@@ -1037,7 +1062,9 @@ unsafe fn tile_q4_avx2<const T: usize>(
     }
     let groups = c4 / 8;
     let w = panel.as_ptr().add(16 * half);
-    let corr = panel.as_ptr().add(c4.next_multiple_of(16) * PANEL + 16 * half);
+    let corr = panel
+        .as_ptr()
+        .add(c4.next_multiple_of(16) * PANEL + 16 * half);
     let scales = corr.add(groups * PANEL) as *const f32;
     let up: [*const u32; T] = std::array::from_fn(|q| u.as_ptr().add((j0 + q) * 2 * c4));
     let ones = _mm256_set1_epi16(1);

@@ -750,7 +750,10 @@ mod simd {
         #[inline(always)]
         unsafe fn pair_scales(&self, i: usize, blk: usize) -> __m512 {
             if TILED {
-                return pair_vector(self.group_scale_simd(i, blk), self.group_scale_simd(i, blk + 1));
+                return pair_vector(
+                    self.group_scale_simd(i, blk),
+                    self.group_scale_simd(i, blk + 1),
+                );
             }
             // In bounds: scales `blk` and `blk + 1` of row `i`.
             let p = self.scales.get_unchecked(i).as_ptr().add(2 * blk);
