@@ -217,12 +217,12 @@ pub(super) fn matmul(
                             let next = (p + 1 < panels.end && fam == Family::Q8)
                                 .then(|| panel_rows(g, bytes, sel, (p + 1) * PANEL, n));
                             let corr = overlay(p, 0..t, corr).then_some(&corr[..]);
-                            // SAFETY: `applies` demanded AVX-512 VNNI; the panel, the
-                            // activations, the corrections and the outputs are sized as
-                            // the kernel reads them, and this task alone writes rows
-                            // `p·32 ..` of `y`.
+                            // SAFETY: `applies` demanded AVX-512 VNNI, or AVX2 when
+                            // `avx2`; the panel, the activations, the corrections and the
+                            // outputs are sized as the kernel reads them, and this task
+                            // alone writes rows `p·32 ..` of `y`.
                             unsafe {
-                                panel_tokens(
+                                run_panel(
                                     fam,
                                     avx2,
                                     buf,
@@ -249,7 +249,7 @@ pub(super) fn matmul(
                             let corr = overlay(p, toks.clone(), corr).then_some(&corr[..]);
                             // SAFETY: as above.
                             unsafe {
-                                panel_tokens(
+                                run_panel(
                                     fam,
                                     avx2,
                                     chunk,
@@ -813,6 +813,60 @@ fn unsigned_acts(qa: &QuantizedActs, t: usize, c4: usize, u: &mut Vec<u32>) {
     }
 }
 
+/// [`panel_tokens`], or [`panel_tokens_avx2`] when `avx2` (the AVX2 tiles must not be
+/// compiled inside AVX-512 target features: they would run on CPUs without them).
+///
+/// # Safety
+/// As [`panel_tokens`], with AVX2 + FMA instead of AVX-512 when `avx2`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_panel(
+    fam: Family,
+    avx2: bool,
+    panel: &[u32],
+    c4: usize,
+    ud: (&[u32], &[f32]),
+    toks: std::ops::Range<usize>,
+    corr: Option<&[f32]>,
+    k0: usize,
+    n: usize,
+    out: Out,
+    next: Option<&[&[u8]; PANEL]>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2 {
+        return panel_tokens_avx2(panel, c4, ud, toks, k0, n, out);
+    }
+    panel_tokens(fam, panel, c4, ud, toks, corr, k0, n, out, next)
+}
+
+/// Tokens `toks` against one packed `q4` panel on AVX2, two at a time ([`tile_q4_avx2`]).
+///
+/// # Safety
+/// AVX2 + FMA; otherwise as [`panel_tokens`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn panel_tokens_avx2(
+    panel: &[u32],
+    c4: usize,
+    (u, d): (&[u32], &[f32]),
+    toks: std::ops::Range<usize>,
+    k0: usize,
+    n: usize,
+    out: Out,
+) {
+    let mut j = toks.start;
+    while j < toks.end {
+        let left = (toks.end - j).min(2);
+        for half in 0..2 {
+            match left {
+                2 => tile_q4_avx2::<2>(panel, c4, u, d, j, half, k0, n, out),
+                _ => tile_q4_avx2::<1>(panel, c4, u, d, j, half, k0, n, out),
+            }
+        }
+        j += left;
+    }
+}
+
 /// Tokens `toks` against one packed panel (outputs `k0 ..`), in tiles of up to 6 tokens.
 ///
 /// # Safety
@@ -823,7 +877,6 @@ fn unsigned_acts(qa: &QuantizedActs, t: usize, c4: usize, u: &mut Vec<u32>) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
 unsafe fn panel_tokens(
     fam: Family,
-    avx2: bool,
     panel: &[u32],
     c4: usize,
     (u, d): (&[u32], &[f32]),
@@ -835,19 +888,6 @@ unsafe fn panel_tokens(
     next: Option<&[&[u8]; PANEL]>,
 ) {
     let mut j = toks.start;
-    if avx2 {
-        while j < toks.end {
-            let left = (toks.end - j).min(2);
-            for half in 0..2 {
-                match left {
-                    2 => tile_q4_avx2::<2>(panel, c4, u, d, j, half, k0, n, out),
-                    _ => tile_q4_avx2::<1>(panel, c4, u, d, j, half, k0, n, out),
-                }
-            }
-            j += left;
-        }
-        return;
-    }
     if let Family::Grouped(_) = fam {
         while j < toks.end {
             let left = (toks.end - j).min(Q4_TILE_TOKENS);
@@ -881,7 +921,6 @@ unsafe fn panel_tokens(
 #[allow(clippy::too_many_arguments)]
 unsafe fn panel_tokens(
     _: Family,
-    _: bool,
     _: &[u32],
     _: usize,
     _: (&[u32], &[f32]),
@@ -1044,7 +1083,7 @@ unsafe fn tile_q4<const T: usize>(
 /// AVX2 + FMA; otherwise as [`tile_q4`].
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-#[target_feature(enable = "avx2,fma")]
+#[inline(always)]
 unsafe fn tile_q4_avx2<const T: usize>(
     panel: &[u32],
     c4: usize,
