@@ -23,7 +23,7 @@ impl Session {
     }
 
     pub fn start_with(name: &str, file: &Path, log: &Path, env: &str) -> Session {
-        let _ = tmux(&["kill-session", "-t", name]);
+        let _ = tmux(&["kill-session", "-t", &format!("={name}")]);
         let cmd = format!(
             "env {env} CORTIQ_LOG={} CORTIQ_CONFIG=/nonexistent/cortiq.toml TERM=xterm-256color {} {}",
             log.display(),
@@ -54,21 +54,28 @@ impl Session {
         }
     }
 
+    /// The session's pane, named exactly: a bare `-t name` also matches sessions whose
+    /// names start with it, so one test's clean-up could kill another's session
+    /// (`cortiq-e2e` killed `cortiq-e2e-panic` when the tests ran in parallel).
+    fn target(&self) -> String {
+        format!("={}:", self.name)
+    }
+
     pub fn screen(&self) -> String {
-        String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", &self.name]).stdout)
+        String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", &self.target()]).stdout)
             .into_owned()
     }
 
     pub fn keys(&self, keys: &[&str]) {
         for k in keys {
-            let o = tmux(&["send-keys", "-t", &self.name, k]);
+            let o = tmux(&["send-keys", "-t", &self.target(), k]);
             assert!(o.status.success(), "send-keys {k}");
             std::thread::sleep(Duration::from_millis(60));
         }
     }
 
     pub fn literal(&self, text: &str) {
-        let o = tmux(&["send-keys", "-t", &self.name, "-l", text]);
+        let o = tmux(&["send-keys", "-t", &self.target(), "-l", text]);
         assert!(o.status.success());
         std::thread::sleep(Duration::from_millis(60));
     }
@@ -102,6 +109,6 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        let _ = tmux(&["kill-session", "-t", &self.name]);
+        let _ = tmux(&["kill-session", "-t", &format!("={}", self.name)]);
     }
 }
