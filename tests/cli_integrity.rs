@@ -67,6 +67,87 @@ fn verify_reports_ok_and_names_every_broken_tensor() {
     assert!(String::from_utf8_lossy(&text.stdout).contains("FAILED: first broken link"));
 }
 
+/// A section cut out of the envelope (offset and length zeroed) leaves every remaining
+/// hash intact; the hashed header still records the section's hash, so verify fails it.
+#[test]
+fn verify_fails_a_section_cut_out_of_the_envelope() {
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, at) in [("masks", 0x40usize), ("vocab", 0x50), ("index", 0x60)] {
+        let cut = copy_writable(
+            &fixture("qwen3_moe-masked.cmf"),
+            dir.path(),
+            &format!("cut-{kind}.cmf"),
+        );
+        let mut b = std::fs::read(&cut).unwrap();
+        assert_ne!(b[at..at + 16], [0u8; 16], "{kind}: the fixture has the section");
+        b[at..at + 16].fill(0);
+        std::fs::write(&cut, b).unwrap();
+        let o = run!("verify", cut, "--json");
+        assert_eq!(code(&o), 1, "{kind}: {}", String::from_utf8_lossy(&o.stdout));
+        let v = json(&o);
+        assert_eq!(v["ok"], false);
+        assert_eq!(v["first_failure"]["link"], "section", "{kind}");
+        assert_eq!(v["first_failure"]["section"], kind);
+        assert_eq!(v["first_failure"]["status"], "invalid");
+        let o = run!("verify", cut);
+        assert_eq!(code(&o), 1);
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            text.contains(&format!("FAILED: first broken link: {kind} section"))
+                && text.contains("cut out of the file"),
+            "{text}"
+        );
+    }
+}
+
+/// Zeroed envelope hashes and no `section_hashes` (what §8.1 allows old files) verify
+/// "OK, but … unhashed", naming every unchecked link; `--strict` fails them.
+#[test]
+fn verify_names_the_unhashed_links_and_strict_fails_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let bare = copy_writable(&fixture("qwen3_moe-masked.cmf"), dir.path(), "bare.cmf");
+    let mut b = std::fs::read(&bare).unwrap();
+    b[0x70..0x80].fill(0);
+    // Renamed, not removed, so that the header keeps its length; readers ignore
+    // unknown keys (§1.1).
+    let key = b"\"section_hashes\"";
+    let i = b.windows(key.len()).position(|w| w == key).unwrap();
+    b[i + 1] = b'x';
+    std::fs::write(&bare, b).unwrap();
+    let all = [
+        "header",
+        "directory",
+        "masks section",
+        "vocab section",
+        "index section",
+    ];
+
+    let o = run!("verify", bare);
+    assert_eq!(code(&o), 0);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains(
+            "OK, but header, directory, masks section, vocab section and index section are \
+             unhashed"
+        ),
+        "{text}"
+    );
+    let v = json(&run!("verify", bare, "--json"));
+    assert_eq!(v["ok"], true);
+    assert_eq!(v["unhashed"], serde_json::json!(all));
+
+    let o = run!("verify", bare, "--strict", "--json");
+    assert_eq!(code(&o), 1);
+    let v = json(&o);
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["error"]["kind"], "Unhashed");
+    assert_eq!(v["failures"].as_array().unwrap().len(), all.len());
+    // A fully hashed file passes --strict, and says plain OK.
+    let o = run!("verify", fixture("qwen3_moe-masked.cmf"), "--strict");
+    assert_eq!(code(&o), 0);
+    assert!(String::from_utf8_lossy(&o.stdout).ends_with("\nOK\n"));
+}
+
 #[test]
 fn verify_of_an_unopenable_file_gives_the_section_1_2_kind() {
     let dir = tempfile::tempdir().unwrap();

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use cortiq_engine::format::signature::{self, SignatureStatus};
 use cortiq_engine::format::verify::{
-    verify, Link, LinkResult, LinkStatus, VerifyEvent, VerifyOptions, VerifyReport,
+    english_list, verify, Link, LinkResult, LinkStatus, VerifyEvent, VerifyOptions, VerifyReport,
 };
 use cortiq_engine::format::{feature, CmfFile, CmfModel, SectionKind};
 use cortiq_engine::quant;
@@ -197,9 +197,10 @@ impl Chain {
             .as_ref()
             .is_some_and(|p| signature::sig_path(p).is_file());
         let hashes = file.header.section_hashes.as_ref();
+        // A section the hashed header records but the envelope lacks (cut out) is a node
+        // too: verify reports it as a broken link.
         let sections = [SectionKind::Masks, SectionKind::Vocab, SectionKind::Index]
             .into_iter()
-            .filter(|&k| file.envelope.section(k).is_present())
             .map(|kind| SectionNode {
                 kind,
                 recorded: hashes.and_then(|h| match kind {
@@ -209,6 +210,7 @@ impl Chain {
                 }),
                 status: None,
             })
+            .filter(|s| file.envelope.section(s.kind).is_present() || s.recorded.is_some())
             .collect();
         let n = file.directory.len();
         Chain {
@@ -363,11 +365,20 @@ impl Chain {
             + f(&self.signature)
     }
 
-    fn unchecked_links(&self) -> usize {
+    /// The hash links with nothing recorded to check, described as `verify` does.
+    fn unhashed_links(&self) -> Vec<String> {
         let un = |s: &Option<LinkStatus>| matches!(s, Some(LinkStatus::Unchecked { .. }));
-        let mut n = un(&self.header) as usize + un(&self.directory) as usize;
-        n += self.sections.iter().filter(|s| un(&s.status)).count();
-        n
+        let mut v = Vec::new();
+        if un(&self.header) {
+            v.push(Link::Header.describe());
+        }
+        if un(&self.directory) {
+            v.push(Link::Directory.describe());
+        }
+        for s in self.sections.iter().filter(|s| un(&s.status)) {
+            v.push(Link::Section { section: s.kind }.describe());
+        }
+        v
     }
 
     fn reset(&mut self) {
@@ -914,19 +925,33 @@ impl IntegrityState {
                     String::new()
                 };
                 if report.is_some_and(|r| r.ok) {
-                    let unchecked: usize = self.chains.iter().map(Chain::unchecked_links).sum();
-                    v.push(Note::new(
-                        "verdict",
-                        if unchecked == 0 {
-                            format!("OK — every link of the chain holds{all}")
-                        } else {
+                    let mut unhashed: Vec<String> = Vec::new();
+                    for c in &self.chains {
+                        for l in c.unhashed_links() {
+                            if !unhashed.contains(&l) {
+                                unhashed.push(l);
+                            }
+                        }
+                    }
+                    if unhashed.is_empty() {
+                        v.push(Note::new(
+                            "verdict",
+                            format!("OK — every link of the chain holds{all}"),
+                            Tone::Ok,
+                        ));
+                    } else {
+                        // Less than a full chain: say what went unchecked, as a warning.
+                        v.push(Note::new(
+                            "verdict",
                             format!(
-                                "OK — every recorded hash matches{all} \
-                                 ({unchecked} link(s) unchecked: nothing recorded)"
-                            )
-                        },
-                        Tone::Ok,
-                    ));
+                                "OK, but {} {} unhashed (nothing recorded to check) — \
+                                 every recorded hash matches{all}",
+                                english_list(&unhashed),
+                                if unhashed.len() == 1 { "is" } else { "are" }
+                            ),
+                            Tone::Warn,
+                        ));
+                    }
                 } else if self.cancelled() {
                     v.push(Note::new(
                         "verdict",
@@ -1696,6 +1721,7 @@ fn run_verify(
                     signature: true,
                     trusted_keys,
                     cancel: Some(cancel),
+                    strict: false,
                 };
                 verify(file, &opts, &|ev| {
                     // The receiver lives until this thread ends.
@@ -1734,6 +1760,7 @@ fn run_verify(
                 signature: None,
                 tensors_checked: 0,
                 bytes_hashed: 0,
+                unhashed: Vec::new(),
             }
         });
         base += result.bytes_hashed;
@@ -2369,6 +2396,48 @@ mod tests {
         let st = state(&h.app);
         assert_eq!(st.chains[1].children(true), 1);
         assert_eq!(st.node_at(st.selected), Some(At::new(1, Node::Tensor(7))));
+    }
+
+    /// Zeroed envelope hashes, no `section_hashes`: the verdict names what went unchecked;
+    /// a section cut out of the envelope is a broken link with a row of its own.
+    #[test]
+    fn the_verdict_names_unhashed_links_and_a_cut_section_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = super::super::testing::fixture("qwen3_moe-masked.cmf");
+        let bare = dir.path().join("bare.cmf");
+        let mut b = std::fs::read(&src).unwrap();
+        b[0x70..0x80].fill(0);
+        let key = b"\"section_hashes\"";
+        let i = b.windows(key.len()).position(|w| w == key).unwrap();
+        b[i + 1] = b'x';
+        std::fs::write(&bare, b).unwrap();
+        let mut h = open(&bare);
+        run_to_end(&mut h);
+        let verdict = &state(&h.app).verdict()[0].text;
+        assert!(
+            verdict.starts_with(
+                "OK, but header, directory, masks section, vocab section and index section \
+                 are unhashed"
+            ),
+            "{verdict}"
+        );
+
+        let cut = dir.path().join("cut.cmf");
+        let mut b = std::fs::read(&src).unwrap();
+        b[0x50..0x60].fill(0);
+        std::fs::write(&cut, b).unwrap();
+        let mut h = open(&cut);
+        run_to_end(&mut h);
+        let screen = h.render();
+        let verdict = &state(&h.app).verdict()[0].text;
+        assert!(
+            verdict.starts_with("FAILED: first broken link: vocab section"),
+            "{verdict}"
+        );
+        assert!(
+            screen.lines().any(|l| l.contains("vocab") && l.contains("FAILED")),
+            "{screen}"
+        );
     }
 
     #[test]

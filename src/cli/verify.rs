@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use cortiq_engine::format::signature;
-use cortiq_engine::format::verify::{verify, LinkStatus, VerifyEvent, VerifyOptions, VerifyReport};
+use cortiq_engine::format::verify::{
+    english_list, verify, LinkStatus, VerifyEvent, VerifyOptions, VerifyReport,
+};
 use cortiq_engine::quant;
 use serde_json::json;
 
@@ -27,6 +29,10 @@ pub struct Args {
     /// Do not look for `<FILE>.sig`.
     #[arg(long)]
     pub no_signature: bool,
+    /// Fail when a hash link has nothing recorded to check against (§8.1 lets old files
+    /// zero their hashes: without this such a file verifies "OK, but … unhashed").
+    #[arg(long)]
+    pub strict: bool,
     /// One JSON document on stdout.
     #[arg(long)]
     pub json: bool,
@@ -84,6 +90,7 @@ pub fn run(args: &Args) -> CmdResult {
         signature: !args.no_signature,
         trusted_keys: trusted,
         cancel: None,
+        strict: args.strict,
     };
     let show_progress = !args.json && std::io::stderr().is_terminal();
     let last_pct = AtomicU64::new(u64::MAX);
@@ -112,7 +119,7 @@ pub fn run(args: &Args) -> CmdResult {
     }
     let secs = start.elapsed().as_secs_f64();
     if args.json {
-        print_json(&json_report(&report, secs))?;
+        print_json(&json_report(&report, args.strict, secs))?;
     } else {
         emit(&text_report(&args.file, &file, &report, secs))?;
     }
@@ -123,7 +130,7 @@ pub fn run(args: &Args) -> CmdResult {
     })
 }
 
-fn json_report(r: &VerifyReport, secs: f64) -> serde_json::Value {
+fn json_report(r: &VerifyReport, strict: bool, secs: f64) -> serde_json::Value {
     let tensors_failed: Vec<&str> = r
         .failures
         .iter()
@@ -143,6 +150,8 @@ fn json_report(r: &VerifyReport, secs: f64) -> serde_json::Value {
         "failed_tensors": tensors_failed,
         "links": r.links,
         "signature": r.signature,
+        "unhashed": r.unhashed,
+        "strict": strict,
         "tensors_checked": r.tensors_checked,
         "bytes_hashed": r.bytes_hashed,
         "seconds": secs,
@@ -156,6 +165,7 @@ fn failure_kind(f: &cortiq_engine::format::verify::LinkResult) -> &'static str {
     match (&f.link, &f.status) {
         (cortiq_engine::format::verify::Link::Signature, _) => "Signature",
         (_, LinkStatus::Mismatch { .. }) => "HashMismatch",
+        (_, LinkStatus::Unchecked { .. }) => "Unhashed",
         _ => "Parse",
     }
 }
@@ -186,7 +196,7 @@ fn text_report(
     };
     out.push_str(&format!("verify {}\n", esc_path(path)));
     out.push_str(&format!(
-        "  ok    envelope   (CMF v{}, features {})\n",
+        "  ok    envelope      (CMF v{}, features {})\n",
         file.envelope.version,
         cortiq_engine::format::feature::names(file.envelope.required_features).join("|")
     ));
@@ -203,7 +213,7 @@ fn text_report(
             }
             Link::Signature => {}
             other => out.push_str(&format!(
-                "  {}  {:<10} {}\n",
+                "  {}  {:<13} {}\n",
                 mark(&l.status),
                 other.describe(),
                 if l.status == LinkStatus::Ok {
@@ -220,7 +230,7 @@ fn text_report(
         0.0
     };
     out.push_str(&format!(
-        "  {}  tensors    {}/{} match ({} in {:.3} s, {:.2} GB/s)\n",
+        "  {}  tensors       {}/{} match ({} in {:.3} s, {:.2} GB/s)\n",
         if tensor_failed.is_empty() {
             "ok  "
         } else {
@@ -234,7 +244,7 @@ fn text_report(
     ));
     for l in &tensor_failed {
         out.push_str(&format!(
-            "          {}: {}\n",
+            "                {}: {}\n",
             l.link.describe(),
             describe_status(&l.status)
         ));
@@ -242,7 +252,7 @@ fn text_report(
     if let Some(sig) = &r.signature {
         let st = sig.link_status();
         out.push_str(&format!(
-            "  {}  signature  {}\n",
+            "  {}  signature     {}\n",
             mark(&st),
             esc(&sig.describe())
         ));
@@ -250,7 +260,13 @@ fn text_report(
     for w in &file.warnings {
         out.push_str(&format!("  warning: {}\n", esc(w)));
     }
-    if r.ok {
+    if r.ok && !r.unhashed.is_empty() {
+        out.push_str(&format!(
+            "OK, but {} {} unhashed: nothing recorded to check against (--strict fails this)\n",
+            english_list(&r.unhashed),
+            if r.unhashed.len() == 1 { "is" } else { "are" }
+        ));
+    } else if r.ok {
         out.push_str("OK\n");
     } else if let Some(f) = &r.first_failure {
         out.push_str(&format!(

@@ -154,7 +154,7 @@ impl CmfFile {
             ] {
                 if v.is_some() && !envelope.section(kind).is_present() {
                     warnings.push(format!(
-                        "section_hashes names a {} hash but that section is absent",
+                        "section_hashes records a hash for the {} section, but the envelope has none (verify fails it)",
                         kind.name()
                     ));
                 }

@@ -90,6 +90,9 @@ pub struct VerifyOptions<'a> {
     pub trusted_keys: Vec<[u8; 32]>,
     /// Set to stop early; the report then says it was cancelled.
     pub cancel: Option<&'a AtomicBool>,
+    /// A hash link with nothing recorded (an old file's zero hash, no `section_hashes`
+    /// entry) fails instead of passing as unchecked.
+    pub strict: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -106,6 +109,26 @@ pub struct VerifyReport {
     pub signature: Option<SignatureStatus>,
     pub tensors_checked: usize,
     pub bytes_hashed: u64,
+    /// The hash links that had nothing recorded to check against (§8.1 lets old files
+    /// zero their hashes), described ("header", "vocab section"). `ok` with any of these
+    /// proves less than a full chain; under [`VerifyOptions::strict`] they are failures.
+    pub unhashed: Vec<String>,
+}
+
+impl LinkResult {
+    /// A hash link (not the optional signature) with nothing recorded to check.
+    pub fn is_unhashed(&self) -> bool {
+        self.link != Link::Signature && matches!(self.status, LinkStatus::Unchecked { .. })
+    }
+}
+
+/// `names` as an English list: "a", "a and b", "a, b and c".
+pub fn english_list(names: &[String]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => one.clone(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    }
 }
 
 /// Chunk size for hashing one large tensor on several threads.
@@ -185,14 +208,27 @@ pub fn verify(
     // Masks, vocab, index: hashes in the header (covered by the header hash).
     let hashes = file.header.section_hashes.as_ref();
     for kind in [SectionKind::Masks, SectionKind::Vocab, SectionKind::Index] {
-        if !env.section(kind).is_present() {
-            continue;
-        }
         let recorded = hashes.and_then(|h| match kind {
             SectionKind::Masks => h.masks.as_deref(),
             SectionKind::Vocab => h.vocab.as_deref(),
             _ => h.index.as_deref(),
         });
+        if !env.section(kind).is_present() {
+            // The hashed header promises a section the envelope lacks: it was cut out
+            // (offset and length zeroed), which no hash of the remaining bytes can see.
+            if recorded.is_some() {
+                let reason = "recorded in the hashed header, absent from the envelope \
+                              (offset and length 0): cut out of the file";
+                push(
+                    &mut links,
+                    Link::Section { section: kind },
+                    LinkStatus::Invalid {
+                        reason: reason.into(),
+                    },
+                );
+            }
+            continue;
+        }
         let status = match recorded {
             None => LinkStatus::Unchecked {
                 reason: "section_hashes has no entry for it".into(),
@@ -276,9 +312,14 @@ pub fn verify(
         }
     }
 
+    let unhashed: Vec<String> = links
+        .iter()
+        .filter(|l| l.is_unhashed())
+        .map(|l| l.link.describe())
+        .collect();
     let failures: Vec<LinkResult> = links
         .iter()
-        .filter(|l| l.status.is_failure())
+        .filter(|l| l.status.is_failure() || (opts.strict && l.is_unhashed()))
         .cloned()
         .collect();
     on_event(VerifyEvent::Finished);
@@ -291,6 +332,7 @@ pub fn verify(
         signature: sig_status,
         tensors_checked,
         bytes_hashed: done.load(Ordering::Relaxed),
+        unhashed,
     }
 }
 

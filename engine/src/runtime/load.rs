@@ -55,6 +55,7 @@ pub fn verify_model(
                 signature: false,
                 trusted_keys: Vec::new(),
                 cancel,
+                strict: false,
             },
             progress,
         );
