@@ -396,6 +396,52 @@ fn bench_bandwidth_measures_without_a_model() {
     assert!(stderr(&o).contains("--bandwidth"), "{}", stderr(&o));
 }
 
+fn fixture_cmf(name: &str) -> PathBuf {
+    common::shared(&format!("fixtures/cmf/{name}"))
+}
+
+/// Copies `src` to `out` with one vocabulary entry of its tokenizer renumbered from 3xx
+/// to 9xx, beyond the 512 embedding rows, and the vocab and header hashes recomputed, so
+/// that the file verifies. Returns the renumbered token's text.
+fn tokenizer_beyond_the_vocabulary(src: &std::path::Path, out: &std::path::Path) -> String {
+    use cortiq_engine::format::hash64::{hash64, hex16};
+    let mut b = std::fs::read(src).unwrap();
+    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    let (voff, vlen) = (u64_at(&b, 0x50) as usize, u64_at(&b, 0x58) as usize);
+    let (hoff, hlen) = (u64_at(&b, 0x10) as usize, u64_at(&b, 0x18) as usize);
+    let old_vocab = hex16(hash64(&b[voff..voff + vlen]));
+    let vocab = String::from_utf8(b[voff..voff + vlen].to_vec()).unwrap();
+    // A lowercase word entry `"word": 3xx,` on a line of its own.
+    let (at, word) = vocab
+        .match_indices("\": 3")
+        .find_map(|(i, _)| {
+            let start = vocab[..i].rfind('"')? + 1;
+            let word = &vocab[start..i];
+            let digits = &vocab[i + 3..i + 6];
+            (word.len() > 1
+                && word.chars().all(|c| c.is_ascii_lowercase())
+                && digits.chars().all(|c| c.is_ascii_digit())
+                && vocab[i + 6..].starts_with(','))
+            .then(|| (i + 3, word.to_string()))
+        })
+        .expect("a three-digit lowercase entry");
+    b[voff + at] = b'9';
+    let new_vocab = hex16(hash64(&b[voff..voff + vlen]));
+    let header = String::from_utf8(b[hoff..hoff + hlen].to_vec()).unwrap();
+    assert!(
+        header.contains(&old_vocab),
+        "the header records the vocab hash"
+    );
+    let header = header.replace(&old_vocab, &new_vocab);
+    b[hoff..hoff + hlen].copy_from_slice(header.as_bytes());
+    let h = hash64(header.as_bytes());
+    b[0x70..0x78].copy_from_slice(&h.to_le_bytes());
+    std::fs::write(out, &b).unwrap();
+    let o = run!("verify", out);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stdout));
+    word
+}
+
 #[test]
 fn bad_input_gets_a_clear_error_and_exit_code() {
     // Unparseable ids, an id outside the vocabulary: usage errors.
@@ -480,6 +526,56 @@ fn bad_input_gets_a_clear_error_and_exit_code() {
     );
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert!(stderr(&o).contains("sliding_window"), "{}", stderr(&o));
+    // The file's own tokenizer gives an id beyond its embedding rows (the vocab and
+    // header hashes made to match): the file's fault, exit 1.
+    let oov = dir.path().join("oov.cmf");
+    let word = tokenizer_beyond_the_vocabulary(&fixture_cmf("qwen3-q4.cmf"), &oov);
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, format!("{word} {word} {word}")).unwrap();
+    let text = text.to_str().unwrap();
+    for args in [
+        vec!["run", "--prompt", word.as_str(), "--max-tokens", "1"],
+        vec!["ppl", "--text-file", text],
+    ] {
+        let o = assert_cmd::cargo::cargo_bin_cmd!("cortiq")
+            .args(&args[..1])
+            .arg(&oov)
+            .args(&args[1..])
+            .output()
+            .unwrap();
+        assert_eq!(code(&o), 1, "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("outside the vocabulary") && stderr(&o).contains("tokenizer"),
+            "{}",
+            stderr(&o)
+        );
+    }
+    // A context of 0 positions in the file: every command refuses it (exit 1).
+    for args in [
+        vec!["run", "--ids", "1,2", "--max-tokens", "1"],
+        vec![
+            "logits",
+            "--ids",
+            "1,2",
+            "--out",
+            "/tmp/never-written.safetensors",
+        ],
+        vec!["ppl", "--ids", "1,2,3"],
+    ] {
+        let o = assert_cmd::cargo::cargo_bin_cmd!("cortiq")
+            .args(&args[..1])
+            .arg(model())
+            .args(&args[1..])
+            .args(["--arch", "max_position_embeddings=0"])
+            .output()
+            .unwrap();
+        assert_eq!(code(&o), 1, "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("max_position_embeddings"),
+            "{}",
+            stderr(&o)
+        );
+    }
     // Wrong flags.
     let o = run!("run", model(), "--ids", "1", "--top-p", "0");
     assert_eq!(code(&o), 2);

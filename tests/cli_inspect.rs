@@ -539,6 +539,29 @@ fn names_from_the_file_are_escaped() {
 
     let o = run!("diff", src, evil);
     assert!(!o.stdout.contains(&0x1b));
+
+    // A right-to-left override (U+202E, three bytes in UTF-8) in place of "wei": raw, it
+    // would make the rest of the line display reversed.
+    let mut bytes = std::fs::read(&src).unwrap();
+    bytes[at + 8..at + 11].copy_from_slice("\u{202e}".as_bytes());
+    let bidi = dir.path().join("bidi.cmf");
+    std::fs::write(&bidi, bytes).unwrap();
+    for args in [&["tensors"][..], &["info"], &["diff"]] {
+        let mut cmd = assert_cmd::cargo::cargo_bin_cmd!("cortiq");
+        cmd.args(args);
+        if args[0] == "diff" {
+            cmd.arg(&src);
+        }
+        let o = cmd.arg(&bidi).output().unwrap();
+        let out = stdout(&o);
+        assert!(
+            !out.contains('\u{202e}'),
+            "{args:?}: a raw override reached the terminal"
+        );
+        if args[0] != "info" {
+            assert!(out.contains("lm_head.\\u{202e}ght"), "{args:?}: {out}");
+        }
+    }
 }
 
 #[test]

@@ -79,11 +79,20 @@ fn verify_fails_a_section_cut_out_of_the_envelope() {
             &format!("cut-{kind}.cmf"),
         );
         let mut b = std::fs::read(&cut).unwrap();
-        assert_ne!(b[at..at + 16], [0u8; 16], "{kind}: the fixture has the section");
+        assert_ne!(
+            b[at..at + 16],
+            [0u8; 16],
+            "{kind}: the fixture has the section"
+        );
         b[at..at + 16].fill(0);
         std::fs::write(&cut, b).unwrap();
         let o = run!("verify", cut, "--json");
-        assert_eq!(code(&o), 1, "{kind}: {}", String::from_utf8_lossy(&o.stdout));
+        assert_eq!(
+            code(&o),
+            1,
+            "{kind}: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
         let v = json(&o);
         assert_eq!(v["ok"], false);
         assert_eq!(v["first_failure"]["link"], "section", "{kind}");
@@ -242,6 +251,23 @@ fn compact_rewrites_and_never_overwrites_its_input() {
         Some(0),
         "{d}"
     );
+
+    // A tensor of a reserved dtype (ids 5–7 parse, but nothing may write them), with the
+    // directory hash made to match: the input's fault, exit 1, nothing written.
+    let reserved = copy_writable(&fixture("qwen3-q8.cmf"), dir.path(), "reserved.cmf");
+    let mut b = std::fs::read(&reserved).unwrap();
+    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    let (doff, dlen) = (u64_at(&b, 0x20) as usize, u64_at(&b, 0x28) as usize);
+    let record = cortiq_engine::format::directory::RECORD_LEN as usize;
+    b[doff + 16 + 3 * record + 6] = 5;
+    let h = cortiq_engine::format::hash64::hash64(&b[doff..doff + dlen]);
+    b[0x78..0x80].copy_from_slice(&h.to_le_bytes());
+    std::fs::write(&reserved, &b).unwrap();
+    let out = dir.path().join("reserved-out.cmf");
+    let o = run!("compact", reserved, "-o", out, "--json");
+    assert_eq!(code(&o), 1, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("reserved"));
+    assert!(!out.exists());
 }
 
 #[test]
@@ -279,6 +305,23 @@ fn skill_export_apply_and_add_through_the_cli() {
     let o = run!("skill", "apply", fixture("qwen3-q4.cmf"), sk, "-o", wrong);
     assert_eq!(code(&o), 2);
     assert!(!wrong.exists());
+    // Forced onto a base whose tensors it does not fit (a MoE model has no dense MLP to
+    // replace): the files disagree, exit 1, nothing written.
+    let o = run!(
+        "skill",
+        "apply",
+        fixture("qwen3_moe-q8.cmf"),
+        sk,
+        "-o",
+        wrong,
+        "--force"
+    );
+    assert_eq!(code(&o), 1, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("does not have"));
+    assert!(!wrong.exists());
+    // A base where the skill file goes: the arguments' roles, exit 2.
+    let o = run!("skill", "apply", sk, base, "-o", wrong);
+    assert_eq!(code(&o), 2, "{}", String::from_utf8_lossy(&o.stderr));
 
     // add --in-place grows a copy; the original fixture is untouched.
     let grow = copy_writable(&base, dir.path(), "grow.cmf");

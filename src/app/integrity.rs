@@ -2435,7 +2435,9 @@ mod tests {
             "{verdict}"
         );
         assert!(
-            screen.lines().any(|l| l.contains("vocab") && l.contains("FAILED")),
+            screen
+                .lines()
+                .any(|l| l.contains("vocab") && l.contains("FAILED")),
             "{screen}"
         );
     }

@@ -26,7 +26,9 @@ pub struct Args {
 pub fn run(args: &Args) -> CmdResult {
     refuse_overwriting_input(&[&args.file], &args.output)?;
     let file = open(&args.file)?;
-    let summary = writer::compact(&file, &args.output).map_err(|e| CliError::io(e.to_string()))?;
+    // A reserved dtype or another defect of the input is the file's fault (1); I/O stays 2.
+    let summary =
+        writer::compact(&file, &args.output).map_err(|e| CliError::format(&args.file, &e))?;
     if args.json {
         print_json(
             &json!({"ok": true, "output": summary.path, "bytes_before": file.len(), "bytes_after": summary.bytes, "tensors": summary.tensors}),

@@ -83,30 +83,45 @@ pub fn parse_var(s: &str, flag: &str) -> Result<(String, Value), CliError> {
     Ok((k.to_string(), value))
 }
 
-/// `1,2,3` (spaces allowed) as token ids.
-pub fn parse_ids(s: &str) -> Result<Vec<u32>, CliError> {
+/// `1,2,3` (spaces allowed) as token ids of a model with `vocab` tokens. An id beyond it
+/// is the user's mistake (exit 2); the same id from the file's own tokenizer reaches the
+/// model and is the file's fault (exit 1, see [`model_error`]).
+pub fn parse_ids(s: &str, vocab: usize) -> Result<Vec<u32>, CliError> {
     let ids: Result<Vec<u32>, _> = s
         .split(|c: char| c == ',' || c.is_whitespace())
         .filter(|p| !p.is_empty())
         .map(|p| p.parse::<u32>())
         .collect();
     match ids {
-        Ok(v) if !v.is_empty() => Ok(v),
-        Ok(_) => Err(CliError::usage("--ids: no token ids given")),
+        Ok(v) if v.is_empty() => Err(CliError::usage("--ids: no token ids given")),
+        Ok(v) => match v.iter().find(|&&id| id as usize >= vocab) {
+            Some(id) => Err(CliError::usage(format!(
+                "--ids: token id {id} is outside the vocabulary (size {vocab})"
+            ))),
+            None => Ok(v),
+        },
         Err(e) => Err(CliError::usage(format!("--ids {s:?}: {e}"))),
     }
 }
 
 pub fn model_error(path: &Path, e: &ModelError) -> CliError {
     let code = match e {
-        ModelError::TokenOutOfRange { .. } | ModelError::ContextFull { .. } => 2,
+        // User-given ids were checked by `parse_ids`: an id out of range here came from
+        // the file (its tokenizer or template), and is the file's fault (1).
+        ModelError::ContextFull { .. } => 2,
         // An unknown task or skill is the user's request, not the file's fault.
         ModelError::UnknownChoice(_) => 2,
         _ => 1,
     };
+    let why = match e {
+        ModelError::TokenOutOfRange { .. } => {
+            ": the file's tokenizer or template gave it, so they do not match its weights"
+        }
+        _ => "",
+    };
     CliError {
         kind: "Model".into(),
-        message: format!("{}: {e}", path.display()),
+        message: format!("{}: {e}{why}", path.display()),
         code,
     }
 }

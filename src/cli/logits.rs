@@ -38,9 +38,9 @@ fn le_bytes<T: Copy>(v: &[T], f: impl Fn(T) -> [u8; 4]) -> Vec<u8> {
 }
 
 pub fn run(a: &Args) -> CmdResult {
-    let ids = parse_ids(&a.ids)?;
     refuse_overwriting_input(&[&a.model.file], &a.out)?;
     let model = a.model.load()?;
+    let ids = parse_ids(&a.ids, model.config.vocab)?;
     let c = &model.config;
     let t = ids.len();
     let mut cache = model.new_state(t);

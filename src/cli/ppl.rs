@@ -36,7 +36,7 @@ pub struct Args {
 pub fn run(a: &Args) -> CmdResult {
     let model = a.model.load()?;
     let ids = match (&a.ids, &a.text_file) {
-        (Some(s), _) => parse_ids(s)?,
+        (Some(s), _) => parse_ids(s, model.config.vocab)?,
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| CliError::usage(format!("--text-file {}: {e}", path.display())))?;

@@ -37,7 +37,7 @@ pub fn run(a: &Args) -> CmdResult {
     }
     let model = a.model.load()?;
     let ids = match (&a.ids, &a.prompt) {
-        (Some(s), _) => parse_ids(s)?,
+        (Some(s), _) => parse_ids(s, model.config.vocab)?,
         (None, Some(p)) => a.model.encode(&model, p, false)?,
         (None, None) => return Err(CliError::usage("give --prompt or --ids")),
     };

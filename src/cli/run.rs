@@ -423,7 +423,7 @@ fn one_shot_raw(
     choosing: &mut Choosing,
 ) -> CmdResult {
     let prompt_ids = if let Some(ids) = &a.ids {
-        parse_ids(ids)?
+        parse_ids(ids, model.config.vocab)?
     } else {
         let tok = bundle
             .tokenizer()

@@ -2,11 +2,15 @@
 
 use ratatui::layout::{Constraint, Flex, Layout, Rect};
 
-/// Text from a file made safe for the terminal: control characters as escapes.
+/// Text from a file made safe for the terminal: control characters and the Unicode
+/// bidirectional controls (which can make a name display as another) as escapes. The
+/// engine's `format::escape_str` escapes the same set for the CLI (this crate does not
+/// depend on the engine).
 pub fn esc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
-        if c.is_control() {
+        let bidi = matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}' | '\u{61c}');
+        if c.is_control() || bidi {
             out.extend(c.escape_default());
         } else {
             out.push(c);
@@ -145,4 +149,18 @@ pub fn draw_text(w: u16, h: u16, render_fn: impl FnOnce(&mut ratatui::Frame)) ->
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod esc_tests {
+    use super::esc;
+
+    #[test]
+    fn bidi_controls_are_escaped_like_controls() {
+        assert_eq!(
+            esc("a\u{202e}b\u{2067}c\u{7}"),
+            "a\\u{202e}b\\u{2067}c\\u{7}"
+        );
+        assert_eq!(esc("שלום 👨\u{200d}👩"), "שלום 👨\u{200d}👩");
+    }
 }

@@ -212,7 +212,15 @@ impl ModelConfig {
             None => vec![LayerKind::FullAttention; n_layers],
         };
         let x = &a.extra;
-        let max_positions = a.max_position_embeddings.unwrap_or(4096).clamp(1, 1 << 24) as usize;
+        // A context of 0 positions is a broken file, not a model of one position: every
+        // command would fail later with a misleading "fills the context" message.
+        if a.max_position_embeddings == Some(0) {
+            return Err(bad(
+                "max_position_embeddings",
+                "0: a model must hold at least one position",
+            ));
+        }
+        let max_positions = a.max_position_embeddings.unwrap_or(4096).min(1 << 24) as usize;
         let activation = match x.get("hidden_act").and_then(Value::as_str) {
             None | Some("silu") | Some("swish") => Activation::Silu,
             Some("gelu_tanh") | Some("gelu_pytorch_tanh") | Some("gelu_new") => {
