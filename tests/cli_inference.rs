@@ -576,6 +576,50 @@ fn bad_input_gets_a_clear_error_and_exit_code() {
             stderr(&o)
         );
     }
+    // A NaN weight, run with --no-verify (as a hostile writer's matching hashes would
+    // let it run): no endless token 0 with exit 0, but an error naming the layer where
+    // the values broke.
+    {
+        use cortiq_engine::tinymodel::{write_tiny, TinyLayer, TinySpec};
+        let nan = dir.path().join("nan.cmf");
+        let spec = TinySpec::awkward(vec![
+            TinyLayer::attention_dense(96),
+            TinyLayer::attention_dense(80),
+        ]);
+        write_tiny(&nan, &spec).unwrap();
+        let f = cortiq_engine::format::CmfFile::open(&nan).unwrap();
+        let e = f
+            .directory
+            .iter()
+            .find(|e| e.name == "model.layers.1.mlp.up_proj.weight")
+            .unwrap();
+        let at = (f.envelope.data.off + e.off + 4 * 7) as usize;
+        drop(f);
+        let mut b = std::fs::read(&nan).unwrap();
+        b[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+        std::fs::write(&nan, &b).unwrap();
+        let out = dir.path().join("nan.safetensors");
+        let out = out.to_str().unwrap();
+        for args in [
+            &["run", "--greedy", "--max-tokens", "3"][..],
+            &["logits", "--out", out],
+        ] {
+            let cmd = args[0];
+            let o = assert_cmd::cargo::cargo_bin_cmd!("cortiq")
+                .arg(cmd)
+                .arg(&nan)
+                .args(["--ids", "1,2,3", "--no-verify"])
+                .args(&args[1..])
+                .output()
+                .unwrap();
+            assert_eq!(code(&o), 1, "{cmd}: {}", stderr(&o));
+            assert!(
+                stderr(&o).contains("layer 1 is not finite"),
+                "{cmd}: {}",
+                stderr(&o)
+            );
+        }
+    }
     // Wrong flags.
     let o = run!("run", model(), "--ids", "1", "--top-p", "0");
     assert_eq!(code(&o), 2);

@@ -574,6 +574,15 @@ impl Model {
         for (i, &id) in tokens.iter().enumerate() {
             self.embed_token_in(sk, id, &mut x[i * h..(i + 1) * h]);
         }
+        // NaN or Inf weights would otherwise flow through to logits that sample token 0
+        // forever; each stage's output is checked (a few µs a layer) so the error names
+        // the first one that broke.
+        if let Some(j) = x.chunks(h).position(|r| !all_finite(r)) {
+            return Err(ModelError::Numeric(format!(
+                "the embedding of token {} is not finite (NaN or Inf in the embedding weights)",
+                tokens[j]
+            )));
+        }
         if let Some(hs) = hidden.as_deref_mut() {
             hs.extend_from_slice(x);
         }
@@ -598,6 +607,16 @@ impl Model {
                     sel,
                 )
             };
+            let r = r.and_then(|()| {
+                if all_finite(x) {
+                    Ok(())
+                } else {
+                    Err(ModelError::Numeric(format!(
+                        "the output of layer {i} is not finite (NaN or Inf): a weight of \
+                         model.layers.{i} is corrupt, or its values overflow"
+                    )))
+                }
+            });
             if let Err(e) = r {
                 // The layers before this one have advanced: the state is unusable.
                 cache.truncate(0);
@@ -636,6 +655,13 @@ impl Model {
         }
         let sk = ws.active.skill_sel();
         self.logits_in(sk, &normed[rows.start * h..rows.end * h], &mut ws.logits);
+        if !all_finite(&ws.logits) {
+            return Err(ModelError::Numeric(
+                "the logits are not finite (NaN or Inf) while every layer's output is: the \
+                 final norm or the LM head holds a corrupt weight"
+                    .into(),
+            ));
+        }
         Ok(())
     }
 
@@ -672,11 +698,76 @@ impl Model {
     }
 }
 
+/// Whether every value is finite. Branch-free over the exponent bits, so it vectorises:
+/// it runs on every layer's output.
+fn all_finite(v: &[f32]) -> bool {
+    v.iter().fold(0u32, |acc, x| {
+        acc | ((x.to_bits() & 0x7f80_0000 == 0x7f80_0000) as u32)
+    }) == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::format::dtype::DType;
-    use crate::tinymodel::{write_tiny, TinySpec};
+    use crate::tinymodel::{write_tiny, TinyLayer, TinySpec};
+
+    /// A NaN or an Inf in a weight stops the forward with an error naming where the values
+    /// first broke: the embedding, a layer, or the head (never logits that sample token 0).
+    #[test]
+    fn non_finite_weights_are_an_error_naming_the_first_broken_stage() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.cmf");
+        let spec = TinySpec::awkward(vec![
+            TinyLayer::attention_dense(96),
+            TinyLayer::attention_dense(80),
+            TinyLayer::attention_dense(96),
+        ]);
+        write_tiny(&path, &spec).unwrap();
+        let clean = std::fs::read(&path).unwrap();
+        let f = crate::format::CmfFile::open(&path).unwrap();
+        let at = |name: &str| {
+            let e = f.directory.iter().find(|e| e.name == name).unwrap();
+            (f.envelope.data.off + e.off) as usize
+        };
+        let cases = [
+            // (Vectors such as norms are checked at load.)
+            ("model.layers.1.mlp.down_proj.weight", f32::NAN, "layer 1"),
+            (
+                "model.layers.2.self_attn.o_proj.weight",
+                f32::INFINITY,
+                "layer 2",
+            ),
+            ("lm_head.weight", f32::NAN, "the logits"),
+            (
+                "model.embed_tokens.weight",
+                f32::NAN,
+                "embedding of token 0",
+            ),
+        ]
+        .map(|(name, v, want)| (at(name), v, want));
+        drop(f);
+        for (off, v, want) in cases {
+            let mut b = clean.clone();
+            b[off..off + 4].copy_from_slice(&v.to_le_bytes());
+            let bad = dir.path().join("bad.cmf");
+            std::fs::write(&bad, &b).unwrap();
+            let model = Model::load(Arc::new(CmfModel::open(&bad).unwrap())).unwrap();
+            let mut st = model.new_state(8);
+            let mut ws = model.new_workspace(4);
+            let r = model.forward(&[0, 5, 7], &mut st, &mut ws, Logits::All, None);
+            match r {
+                Err(ModelError::Numeric(m)) => assert!(m.contains(want), "{want}: {m}"),
+                other => panic!("{want}: {other:?}"),
+            }
+        }
+        // The clean file runs.
+        let model = Model::load(Arc::new(CmfModel::open(&path).unwrap())).unwrap();
+        let (mut st, mut ws) = (model.new_state(8), model.new_workspace(4));
+        model
+            .forward(&[0, 5, 7], &mut st, &mut ws, Logits::All, None)
+            .unwrap();
+    }
 
     /// `weight_bytes_per_token` against the tensor directory, by name: every 2-D matrix,
     /// the routed experts scaled by top-k / experts, one embedding row; norms, the conv
