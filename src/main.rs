@@ -7,6 +7,7 @@
 mod alloc_count;
 mod app;
 mod cli;
+mod trust;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

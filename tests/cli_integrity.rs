@@ -228,6 +228,82 @@ fn sign_then_verify_with_and_without_trust() {
     assert_eq!(code(&run!("verify", model, "--trusted-key", "not-hex")), 2);
 }
 
+/// Trust from the trusted-keys file beside the config and from `$CORTIQ_TRUSTED_KEYS`; a
+/// key file or trusted-keys file others can touch is refused.
+#[cfg(unix)]
+#[test]
+fn trusted_keys_file_environment_and_private_key_files() {
+    use std::os::unix::fs::PermissionsExt;
+    let chmod =
+        |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let model = copy_writable(&fixture("qwen3-q4.cmf"), dir.path(), "m.cmf");
+    let key = dir.path().join("key.hex");
+    let o = run!("sign", model, "--key", key, "--json");
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let pubkey = json(&o)["pubkey"].as_str().unwrap().to_string();
+    let config = dir.path().join("cfg");
+    std::fs::create_dir(&config).unwrap();
+    let verify = |env: &[(&str, &str)], extra: &[&str]| {
+        let mut cmd = assert_cmd::cargo::cargo_bin_cmd!("cortiq");
+        cmd.env("CORTIQ_CONFIG", config.join("config.toml"))
+            .env_remove("CORTIQ_TRUSTED_KEYS");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.arg("verify").arg(&model).args(extra).output().unwrap()
+    };
+
+    // No trusted key anywhere: a valid signature, by an untrusted key.
+    let o = verify(&[], &[]);
+    assert_eq!(code(&o), 0);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(text.contains("by an UNTRUSTED key"), "{text}");
+
+    // The trusted-keys file: a label, a comment, the key.
+    let trusted = config.join("trusted_keys");
+    std::fs::write(
+        &trusted,
+        format!(
+            "# release signers
+{pubkey} ci-release
+"
+        ),
+    )
+    .unwrap();
+    chmod(&trusted, 0o644);
+    let o = verify(&[], &["--json"]);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(json(&o)["signature"]["state"], "trusted");
+    // Another key there: untrusted, a failure.
+    std::fs::write(&trusted, "11".repeat(32)).unwrap();
+    let o = verify(&[], &[]);
+    assert_eq!(code(&o), 1);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("signed by UNTRUSTED key"));
+    // ... unless the environment names the signer.
+    let o = verify(&[("CORTIQ_TRUSTED_KEYS", &pubkey)], &["--json"]);
+    assert_eq!(code(&o), 0);
+    assert_eq!(json(&o)["signature"]["state"], "trusted");
+    // A trusted-keys file anyone can write is refused, not used.
+    std::fs::write(&trusted, &pubkey).unwrap();
+    chmod(&trusted, 0o666);
+    let o = verify(&[], &[]);
+    assert_eq!(code(&o), 2);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("writable by others"));
+
+    // A signing key others can read is refused.
+    chmod(&key, 0o644);
+    let o = run!("sign", model, "--key", key);
+    assert_eq!(code(&o), 2);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("others can read or write it"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    chmod(&key, 0o600);
+    assert_eq!(code(&run!("sign", model, "--key", key)), 0);
+}
+
 #[test]
 fn compact_rewrites_and_never_overwrites_its_input() {
     let dir = tempfile::tempdir().unwrap();

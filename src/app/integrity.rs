@@ -26,9 +26,7 @@ use ratatui::Frame;
 
 use super::jobs::{JobKind, JobReport};
 use super::{Action, Ctx};
-
-/// The environment variable naming public keys the user trusts (comma-separated hex).
-pub const TRUSTED_KEYS_ENV: &str = "CORTIQ_TRUSTED_KEYS";
+use crate::trust::TrustedKeys;
 
 /// Failing links listed one per line in the verdict; the rest are counted.
 const FAILURES_LISTED: usize = 6;
@@ -37,44 +35,6 @@ const FAILURES_LISTED: usize = 6;
 /// a file with 10⁵ small tensors does not flood the channel.
 const PROGRESS_STEP_PER_MILLE: u64 = 10;
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(30);
-
-/// Keys the user trusts, and what was wrong with the ones that did not parse.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct TrustedKeys {
-    pub keys: Vec<[u8; 32]>,
-    pub problems: Vec<String>,
-}
-
-impl TrustedKeys {
-    /// Parses `hex,hex,...` (spaces allowed around entries).
-    pub fn parse(list: &str) -> TrustedKeys {
-        let mut t = TrustedKeys::default();
-        for (i, entry) in list.split(',').map(str::trim).enumerate() {
-            if entry.is_empty() {
-                continue;
-            }
-            match signature::parse_public_key(entry) {
-                Some(k) => t.keys.push(k),
-                None => t.problems.push(format!(
-                    "{TRUSTED_KEYS_ENV} entry {} is not 64 hex digits (ignored)",
-                    i + 1
-                )),
-            }
-        }
-        t
-    }
-
-    fn from_env() -> TrustedKeys {
-        match std::env::var(TRUSTED_KEYS_ENV) {
-            Ok(v) => TrustedKeys::parse(&v),
-            Err(std::env::VarError::NotPresent) => TrustedKeys::default(),
-            Err(std::env::VarError::NotUnicode(_)) => TrustedKeys {
-                keys: Vec::new(),
-                problems: vec![format!("{TRUSTED_KEYS_ENV} is not valid UTF-8 (ignored)")],
-            },
-        }
-    }
-}
 
 /// A present masks/vocab/index section and its `section_hashes` entry.
 struct SectionNode {
@@ -504,8 +464,7 @@ fn trust_statement(s: &SignatureStatus, sig_name: &str, trusted: usize) -> (Stri
         ),
         SignatureStatus::SelfConsistent { pubkey } => (
             format!(
-                "valid for its own key {} — not checked against trusted keys \
-                 (pass --trusted-key on the CLI)",
+                "valid, but by an UNTRUSTED key {} — no trusted keys are set (see below)",
                 short_key(pubkey)
             ),
             Tone::Warn,
@@ -526,7 +485,7 @@ impl IntegrityState {
         let chains: Vec<Chain> = model.shards.iter().map(Chain::new).collect();
         IntegrityState {
             open: vec![true; chains.len()],
-            trusted: TrustedKeys::from_env(),
+            trusted: TrustedKeys::load(),
             tensor_count: chains.iter().map(|c| c.tensor_count).sum(),
             tensor_bytes: chains.iter().map(|c| c.tensor_bytes).sum(),
             chains,
@@ -840,7 +799,7 @@ impl IntegrityState {
                         SignatureStatus::Trusted { .. } => (Mark::Ok, "signed and trusted".into()),
                         SignatureStatus::SelfConsistent { .. } => (
                             Mark::Unchecked,
-                            "valid for its own key; trust not checked".into(),
+                            "valid, by an untrusted key (none set)".into(),
                         ),
                         SignatureStatus::UntrustedKey { .. } => {
                             (Mark::Failed, "signed by an UNTRUSTED key".into())
@@ -1051,11 +1010,7 @@ impl IntegrityState {
                 v.push(Note::new(label, text, tone));
             }
         }
-        let keys = match self.trusted.keys.len() {
-            0 => format!("none — set {TRUSTED_KEYS_ENV}=hex[,hex…] to name signers you trust"),
-            n => format!("{n} from {TRUSTED_KEYS_ENV}"),
-        };
-        v.push(Note::new("trusted", keys, Tone::Dim));
+        v.push(Note::new("trusted", self.trusted.describe(), Tone::Dim));
         for p in &self.trusted.problems {
             v.push(Note::new("", p.clone(), Tone::Warn));
         }
@@ -1794,7 +1749,6 @@ mod tests {
     use super::super::testing::{fixture, Harness};
     use super::super::{Action, App, Screen};
     use super::{At, IntegrityState, Node, Phase, TrustedKeys};
-
     fn state(app: &App) -> &IntegrityState {
         match &app.screen {
             Screen::Model(m) => &m.integrity,
@@ -1905,7 +1859,7 @@ mod tests {
         );
         assert!(
             screen.contains(
-                "valid for its own key dbec9ee0ff7684d0… — not checked against trusted keys"
+                "valid, but by an UNTRUSTED key dbec9ee0ff7684d0… — no trusted keys are set"
             ),
             "{screen}"
         );

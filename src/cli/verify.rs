@@ -22,8 +22,10 @@ pub struct Args {
     /// Model file (or one shard).
     pub file: PathBuf,
     /// A public key you trust: 64 hex digits, or a file holding them (a `.sig` or key
-    /// file's `pubkey`). Repeatable. Without it a valid signature is reported as
-    /// self-consistent only: anyone can re-sign a file with their own key.
+    /// file's `pubkey`). Repeatable. Added to the keys of the trusted-keys file
+    /// (`<config dir>/cortiq/trusted_keys`, one hex key per line) and of
+    /// $CORTIQ_TRUSTED_KEYS. With no trusted key at all, a valid signature is reported as
+    /// by an untrusted key: anyone can re-sign a file with their own key.
     #[arg(long = "trusted-key", value_name = "HEX|FILE")]
     pub trusted_key: Vec<String>,
     /// Do not look for `<FILE>.sig`.
@@ -66,11 +68,18 @@ fn parse_trusted(s: &str) -> Result<[u8; 32], CliError> {
 }
 
 pub fn run(args: &Args) -> CmdResult {
-    let trusted = args
-        .trusted_key
-        .iter()
-        .map(|s| parse_trusted(s))
-        .collect::<Result<Vec<_>, _>>()?;
+    // The trusted-keys file and $CORTIQ_TRUSTED_KEYS, then --trusted-key.
+    let mut trust = crate::trust::TrustedKeys::load();
+    if let Some(why) = &trust.refused {
+        return Err(CliError::usage(why.clone()));
+    }
+    for s in &args.trusted_key {
+        trust.add_cli(parse_trusted(s)?);
+    }
+    for p in &trust.problems {
+        eprintln!("cortiq: warning: {}", esc(p));
+    }
+    let trusted = trust.keys.clone();
     let file = match open(&args.file) {
         Ok(f) => f,
         Err(e) if args.json && e.code == 1 => {

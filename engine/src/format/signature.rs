@@ -54,7 +54,7 @@ impl SignatureStatus {
             SignatureStatus::Trusted { .. } => LinkStatus::Ok,
             SignatureStatus::SelfConsistent { pubkey } => LinkStatus::Unchecked {
                 reason: format!(
-                    "signature valid for its own key {pubkey}, but no trusted key was given: it proves integrity, not authorship"
+                    "signature valid for its own key {pubkey}, which is untrusted (no trusted keys are set): it proves integrity, not authorship"
                 ),
             },
             SignatureStatus::UntrustedKey { pubkey } => LinkStatus::Invalid {
@@ -70,7 +70,7 @@ impl SignatureStatus {
             SignatureStatus::Unsigned => "unsigned (no .sig)".into(),
             SignatureStatus::Trusted { pubkey } => format!("valid, signed by trusted key {pubkey}"),
             SignatureStatus::SelfConsistent { pubkey } => format!(
-                "valid for key {pubkey} (not checked against trusted keys: pass --trusted-key to know who signed)"
+                "valid, but by an UNTRUSTED key {pubkey}: no trusted keys are set (the trusted_keys file in the config directory, CORTIQ_TRUSTED_KEYS or --trusted-key name signers you trust)"
             ),
             SignatureStatus::UntrustedKey { pubkey } => format!("signed by UNTRUSTED key {pubkey}"),
             SignatureStatus::Invalid { reason } => format!("INVALID: {reason}"),
@@ -154,8 +154,27 @@ pub fn check_sig_bytes(sig_json: &[u8], bytes: &[u8], trusted: &[[u8; 32]]) -> S
 }
 
 /// Loads a signing key seed (32 bytes as hex) from `key_path`, creating it with mode 0600
-/// when it does not exist. Returns the key and whether it was created.
+/// when it does not exist. Returns the key and whether it was created. A key file that
+/// others can read or write is refused (as ssh refuses such a private key): the key may
+/// already be known to them, and a signature by it proves nothing.
 pub fn load_or_create_key(key_path: &Path) -> Result<(SigningKey, bool)> {
+    #[cfg(unix)]
+    if let Ok(meta) = std::fs::metadata(key_path) {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(FormatError::io(
+                format!("key file {}", key_path.display()),
+                std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!(
+                        "others can read or write it (mode {mode:03o}); a signing key must be \
+                         private: chmod 600 it, or make a new one"
+                    ),
+                ),
+            ));
+        }
+    }
     match std::fs::read_to_string(key_path) {
         Ok(text) => {
             let seed = hex32(&text).ok_or_else(|| {
