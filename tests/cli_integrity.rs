@@ -496,3 +496,70 @@ fn a_shard_lists_its_whole_set() {
     let text = String::from_utf8_lossy(&run!("info", second).stdout).into_owned();
     assert!(text.contains("does not open"), "{text}");
 }
+
+/// An in-place skill append killed at every step of its writing (the `CORTIQ_CRASH_AT`
+/// hook aborts the process there, as a kill would) leaves a valid file: the old one
+/// until the final envelope write, the grown one after it; never a broken one.
+#[test]
+fn an_append_killed_at_any_point_leaves_a_valid_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = fixture("qwen3-q4.cmf");
+    let skills_of = |p: &Path| -> Vec<String> {
+        let v = json(&run!("skills", p, "--json"));
+        v["skills"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|s| s["id"].as_str().unwrap().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let before = skills_of(&base);
+    let (mut crashed, mut old, mut new) = (0, 0, 0);
+    for n in 1.. {
+        assert!(n < 10_000, "the append never finished");
+        let grow = copy_writable(&base, dir.path(), "grow.cmf");
+        let o = assert_cmd::cargo::cargo_bin_cmd!("cortiq")
+            .env("CORTIQ_CRASH_AT", n.to_string())
+            .args(["skill", "add"])
+            .arg(&grow)
+            .arg("--from")
+            .arg(fixture("qwen3-q8.cmf"))
+            .args(["--skill", "q8", "--layers", "0,1", "--in-place", "--json"])
+            .output()
+            .unwrap();
+        let finished = o.status.success();
+        if !finished {
+            assert_eq!(o.status.code(), None, "step {n}: killed, not a clean error");
+            crashed += 1;
+        }
+        let v = run!("verify", grow, "--json");
+        assert_eq!(
+            code(&v),
+            0,
+            "step {n}: the file no longer verifies: {}",
+            String::from_utf8_lossy(&v.stdout)
+        );
+        let now = skills_of(&grow);
+        if now == before {
+            old += 1;
+        } else {
+            assert!(now.contains(&"q8".to_string()) && now.len() == before.len() + 1);
+            new += 1;
+        }
+        if finished {
+            assert_eq!(
+                now.len(),
+                before.len() + 1,
+                "a finished append has the skill"
+            );
+            break;
+        }
+    }
+    eprintln!("append killed at {crashed} points: {old} left the old file, {new} the grown one");
+    assert!(
+        crashed >= 10 && old >= 10 && new >= 1,
+        "{crashed} {old} {new}"
+    );
+}

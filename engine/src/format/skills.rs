@@ -139,6 +139,30 @@ fn check_new_skill(file: &CmfFile, record: &SkillRecord, tensors: &[SkillTensor]
     Ok(())
 }
 
+/// Bytes an in-place append writes between two [`crash_point`]s.
+const APPEND_CHUNK: usize = 64 << 10;
+
+/// Test hook for the promise of [`append_skill_in_place`]: with `CORTIQ_CRASH_AT=N` in
+/// the environment the process aborts (no unwinding, no destructors: what a kill leaves)
+/// at the N-th step of an append, so a test can stop it at every point and check that
+/// the file is still valid. Without the variable it costs one relaxed load.
+fn crash_point() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static AT: OnceLock<Option<u64>> = OnceLock::new();
+    static STEPS: AtomicU64 = AtomicU64::new(0);
+    let at = AT.get_or_init(|| {
+        std::env::var("CORTIQ_CRASH_AT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    });
+    if let Some(n) = *at {
+        if STEPS.fetch_add(1, Ordering::Relaxed) + 1 == n {
+            std::process::abort();
+        }
+    }
+}
+
 /// Append-only growth (§9, claim 11) of the file at `path`, in place: new tensors at the
 /// tail, then masks/vocab/index/header/directory re-emitted after them, then the envelope
 /// rewritten last. Bytes and offsets of existing tensors never change, and until the final
@@ -188,7 +212,11 @@ pub fn append_skill_in_place(
             let start = pos.next_multiple_of(align);
             f.write_all(&vec![0u8; (start - *pos) as usize])
                 .map_err(ioe("write"))?;
-            f.write_all(bytes).map_err(ioe("write"))?;
+            crash_point();
+            for chunk in bytes.chunks(APPEND_CHUNK) {
+                f.write_all(chunk).map_err(ioe("write"))?;
+                crash_point();
+            }
             *pos = start + bytes.len() as u64;
             Ok(start)
         };
@@ -231,9 +259,11 @@ pub fn append_skill_in_place(
         new_env.required_features |= feature::QUANT_2F;
     }
     f.sync_all().map_err(ioe("sync"))?;
+    crash_point();
     f.seek(SeekFrom::Start(0)).map_err(ioe("seek"))?;
     f.write_all(&new_env.to_bytes())
         .map_err(ioe("write the envelope of"))?;
+    crash_point();
     f.sync_all().map_err(ioe("sync"))?;
     // Re-open to prove the result is valid before reporting success.
     CmfFile::open(path)?;

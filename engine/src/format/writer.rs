@@ -106,8 +106,27 @@ impl TempTarget {
         self.tmp
             .persist(&target)
             .map_err(|e| FormatError::io(format!("rename onto {}", target.display()), e.error))?;
-        Ok(())
+        sync_parent_dir(&target)
     }
+}
+
+/// Makes a rename onto `target` durable: the new directory entry lives in the directory,
+/// which a crash can lose unless it is synced too (the file's own `fsync` does not cover
+/// it). Unix only; elsewhere the rename is left to the system.
+pub(crate) fn sync_parent_dir(target: &Path) -> Result<()> {
+    #[cfg(unix)]
+    {
+        let dir = match target.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(dir, "sync the directory"))?;
+    }
+    #[cfg(not(unix))]
+    let _ = target;
+    Ok(())
 }
 
 /// A complete file still under its temporary name; dropping it deletes it.
