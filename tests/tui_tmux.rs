@@ -156,3 +156,31 @@ fn a_panic_restores_the_terminal_and_is_logged() {
         "the panic is logged:\n{log_text}"
     );
 }
+
+/// SIGTERM and SIGHUP end the workbench with the terminal restored (no alternate screen
+/// left, the mouse released) and the process ended by the signal (128 + its number).
+#[test]
+fn sigterm_and_sighup_restore_the_terminal() {
+    for (sig, status) in [("TERM", "EXITED 143"), ("HUP", "EXITED 129")] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("cortiq.log");
+        let s = Session::start(
+            &format!("cortiq-signal-{sig}"),
+            &fixture("qwen3-q4.cmf"),
+            &log,
+        );
+        s.wait_for(&["1 Overview"]);
+        s.signal(sig);
+        let after = s.wait_exit();
+        assert!(after.contains(status), "SIG{sig}:\n{after}");
+        assert!(
+            !after.contains("1 Overview"),
+            "SIG{sig}: the alternate screen was left:\n{after}"
+        );
+        let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            log_text.contains("ended by signal"),
+            "SIG{sig}: the log says why:\n{log_text}"
+        );
+    }
+}

@@ -1,9 +1,13 @@
-//! The interactive loop: terminal set-up and restore (also on panic), logging to a file,
+//! The interactive loop: terminal set-up and restore (also on panic, SIGTERM and SIGHUP),
+//! logging to a file,
 //! keys and mouse → Actions, worker reports → Actions, draw after each batch.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+
+use signal_hook::consts::{SIGHUP, SIGTERM};
 
 use crossterm::event::{
     self, DisableBracketedPaste, DisableMouseCapture, EnableBracketedPaste, EnableMouseCapture,
@@ -172,6 +176,16 @@ pub fn run_with(file: Option<&Path>, start_opts: super::StartOptions) -> Result<
         );
         restore(info);
     }));
+    // SIGTERM and SIGHUP (a closed terminal window, `kill`) end the loop like `q` does,
+    // so the terminal is restored; the signal is raised again after that, so whoever sent
+    // it sees the process end by it.
+    let signalled = Arc::new(AtomicUsize::new(0));
+    for sig in [SIGTERM, SIGHUP] {
+        if let Err(e) = signal_hook::flag::register_usize(sig, Arc::clone(&signalled), sig as usize)
+        {
+            log::warn!("cannot watch signal {sig}: {e}");
+        }
+    }
     let result = (|| -> Result<(), String> {
         let mut first = true;
         // When the last key arrived that no frame has shown yet (for the frame-time log).
@@ -215,6 +229,9 @@ pub fn run_with(file: Option<&Path>, start_opts: super::StartOptions) -> Result<
             // Wait for input or a worker's report, whichever comes first.
             let mut acted = false;
             while !acted {
+                if signalled.load(Ordering::Relaxed) != 0 {
+                    return Ok(());
+                }
                 if event::poll(Duration::from_millis(30)).map_err(|e| e.to_string())? {
                     let ev = event::read().map_err(|e| e.to_string())?;
                     if matches!(ev, Event::Key(_)) {
@@ -239,5 +256,14 @@ pub fn run_with(file: Option<&Path>, start_opts: super::StartOptions) -> Result<
         DisableBracketedPaste
     );
     ratatui::restore();
+    let sig = signalled.load(Ordering::Relaxed);
+    if sig != 0 {
+        log::info!("ended by signal {sig}; the terminal is restored");
+        // Flush the log before the default action ends the process.
+        log::logger().flush();
+        if let Err(e) = signal_hook::low_level::emulate_default_handler(sig as i32) {
+            log::warn!("cannot raise signal {sig} again: {e}");
+        }
+    }
     result
 }

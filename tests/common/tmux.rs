@@ -101,6 +101,31 @@ impl Session {
         }
     }
 
+    /// Sends `signal` (a `kill` name: TERM, HUP) to the program in the pane: the child of
+    /// the pane's shell (`env` execs cortiq in its place).
+    pub fn signal(&self, signal: &str) {
+        let pid = String::from_utf8_lossy(
+            &tmux(&["display-message", "-p", "-t", &self.target(), "#{pane_pid}"]).stdout,
+        )
+        .trim()
+        .to_string();
+        let children = Command::new("pgrep")
+            .args(["-P", &pid])
+            .output()
+            .expect("pgrep runs");
+        let child = String::from_utf8_lossy(&children.stdout)
+            .lines()
+            .next()
+            .unwrap_or_else(|| panic!("no program under the pane's shell {pid}"))
+            .trim()
+            .to_string();
+        let o = Command::new("kill")
+            .args([&format!("-{signal}"), &child])
+            .output()
+            .expect("kill runs");
+        assert!(o.status.success(), "kill -{signal} {child}");
+    }
+
     /// Waits for cortiq to exit; returns its exit status line and the screen it left.
     pub fn wait_exit(&self) -> String {
         self.wait_for(&["EXITED"])
