@@ -563,3 +563,111 @@ fn an_append_killed_at_any_point_leaves_a_valid_file() {
         "{crashed} {old} {new}"
     );
 }
+
+/// Two 8-byte words of a tensor swapped: hash64 cannot see it (NOTES.md), so a file
+/// written by this project carries BLAKE3 digests that can; a file without them (the
+/// reference implementation's) says what it cannot see.
+#[test]
+fn swapped_words_fail_a_file_with_strong_digests_and_are_named_without() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = copy_writable(&fixture("qwen3-q4.cmf"), dir.path(), "reference.cmf");
+    let ours = dir.path().join("ours.cmf");
+    assert_eq!(code(&run!("compact", reference, "-o", ours)), 0);
+    let v = json(&run!("verify", ours, "--json"));
+    assert_eq!(
+        (v["ok"].as_bool(), v["strong_digests"].as_bool()),
+        (Some(true), Some(true))
+    );
+
+    let swap = |p: &Path| -> String {
+        let f = cortiq_engine::format::CmfFile::open(p).unwrap();
+        let e = f.directory.iter().find(|e| e.nbytes >= 64).unwrap().clone();
+        let at = (f.envelope.data.off + e.off) as usize;
+        drop(f);
+        let mut b = std::fs::read(p).unwrap();
+        let (w0, w1) = (at + 8, at + 40);
+        assert_ne!(b[w0..w0 + 8], b[w1..w1 + 8], "distinct words");
+        for k in 0..8 {
+            b.swap(w0 + k, w1 + k);
+        }
+        std::fs::write(p, b).unwrap();
+        e.name
+    };
+    let name = swap(&ours);
+    let o = run!("verify", ours, "--json");
+    assert_eq!(code(&o), 1);
+    let v = json(&o);
+    assert_eq!(v["error"]["kind"], "HashMismatch");
+    assert_eq!(v["failed_tensors"], serde_json::json!([name]));
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("blake3"),
+        "{v}"
+    );
+
+    swap(&reference);
+    let o = run!("verify", reference);
+    assert_eq!(code(&o), 0, "hash64 is blind to the swap");
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        text.contains("none present: hash64 alone cannot see two swapped 8-byte words"),
+        "{text}"
+    );
+    assert_eq!(
+        json(&run!("verify", reference, "--json"))["strong_digests"],
+        false
+    );
+}
+
+/// Strong digests survive an in-place skill append (the new tensors' and directory's are
+/// added); a malformed field is a failed link of its own.
+#[test]
+fn strong_digests_grow_with_an_append_and_a_malformed_field_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let ours = dir.path().join("ours.cmf");
+    assert_eq!(
+        code(&run!("compact", fixture("qwen3-q4.cmf"), "-o", ours)),
+        0
+    );
+    let o = run!(
+        "skill",
+        "add",
+        ours,
+        "--from",
+        fixture("qwen3-q8.cmf"),
+        "--skill",
+        "q8",
+        "--layers",
+        "0,1",
+        "--in-place"
+    );
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&run!("verify", ours, "--json"));
+    assert_eq!(
+        (v["ok"].as_bool(), v["strong_digests"].as_bool()),
+        (Some(true), Some(true)),
+        "{v}"
+    );
+
+    // "blake3" -> "blake2" in the header, its hash made to match.
+    let mut b = std::fs::read(&ours).unwrap();
+    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    let (hoff, hlen) = (u64_at(&b, 0x10) as usize, u64_at(&b, 0x18) as usize);
+    let key = b"\"blake3\"";
+    let i = hoff
+        + b[hoff..hoff + hlen]
+            .windows(key.len())
+            .position(|w| w == key)
+            .unwrap();
+    b[i + 6] = b'2';
+    let h = cortiq_engine::format::hash64::hash64(&b[hoff..hoff + hlen]);
+    b[0x70..0x78].copy_from_slice(&h.to_le_bytes());
+    std::fs::write(&ours, &b).unwrap();
+    let o = run!("verify", ours, "--json");
+    assert_eq!(code(&o), 1);
+    let v = json(&o);
+    assert_eq!(v["first_failure"]["link"], "strong_digests", "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("blake2"),
+        "{v}"
+    );
+}

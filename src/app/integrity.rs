@@ -12,6 +12,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cortiq_engine::format::digests::StrongDigests;
 use cortiq_engine::format::signature::{self, SignatureStatus};
 use cortiq_engine::format::verify::{
     english_list, verify, Link, LinkResult, LinkStatus, VerifyEvent, VerifyOptions, VerifyReport,
@@ -170,7 +171,7 @@ impl Chain {
                 }),
                 status: None,
             })
-            .filter(|s| file.envelope.section(s.kind).is_present() || s.recorded.is_some())
+            .filter(|s| file.envelope.section(s.kind).is_present() || file.section_cut_out(s.kind))
             .collect();
         let n = file.directory.len();
         Chain {
@@ -259,7 +260,8 @@ impl Chain {
 
     fn node_of_link(&self, link: &Link) -> Option<Node> {
         match link {
-            Link::Header => Some(Node::Header),
+            // The field lives in the header: its failure is the header's.
+            Link::Header | Link::StrongDigests => Some(Node::Header),
             Link::Directory => Some(Node::Directory),
             Link::Section { section } => self
                 .sections
@@ -1014,6 +1016,26 @@ impl IntegrityState {
         for p in &self.trusted.problems {
             v.push(Note::new("", p.clone(), Tone::Warn));
         }
+        let with = self
+            .chains
+            .iter()
+            .filter(|c| matches!(StrongDigests::of_header(&c.file.header), Some(Ok(_))))
+            .count();
+        let (text, tone) = match (with, self.chains.len()) {
+            (0, _) => (
+                "none — hash64 alone cannot see two swapped 8-byte words".to_string(),
+                Tone::Warn,
+            ),
+            (w, n) if w == n => (
+                "BLAKE3 of every tensor and section, checked beside hash64".to_string(),
+                Tone::Dim,
+            ),
+            (w, n) => (
+                format!("in {w} of {n} shards; the others rely on hash64 alone"),
+                Tone::Warn,
+            ),
+        };
+        v.push(Note::new("digests", text, tone));
         v
     }
 
@@ -1716,6 +1738,7 @@ fn run_verify(
                 tensors_checked: 0,
                 bytes_hashed: 0,
                 unhashed: Vec::new(),
+                strong_digests: false,
             }
         });
         base += result.bytes_hashed;

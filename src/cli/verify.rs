@@ -160,6 +160,7 @@ fn json_report(r: &VerifyReport, strict: bool, secs: f64) -> serde_json::Value {
         "links": r.links,
         "signature": r.signature,
         "unhashed": r.unhashed,
+        "strong_digests": r.strong_digests,
         "strict": strict,
         "tensors_checked": r.tensors_checked,
         "bytes_hashed": r.bytes_hashed,
@@ -251,6 +252,14 @@ fn text_report(
         secs,
         rate
     ));
+    if r.strong_digests {
+        out.push_str("  ok    strong digests BLAKE3 of every tensor and section, beside hash64\n");
+    } else if !r.links.iter().any(|l| l.link == Link::StrongDigests) {
+        out.push_str(
+            "  --    strong digests none present: hash64 alone cannot see two swapped 8-byte \
+             words (files this tool writes carry them)\n",
+        );
+    }
     for l in &tensor_failed {
         out.push_str(&format!(
             "                {}: {}\n",

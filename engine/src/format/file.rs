@@ -146,7 +146,10 @@ impl CmfFile {
         if needs_2f && envelope.required_features & feature::QUANT_2F == 0 {
             warnings.push("the directory has q8_2f/vbit tensors but QUANT_2F is not set".into());
         }
-        if let Some(h) = &header.section_hashes {
+        // A standalone skill file carries its base's header, `section_hashes` included
+        // (the reference writer keeps the base's vocab hash), but not those sections.
+        let skill_file = envelope.required_features & feature::SKILL_FILE != 0;
+        if let Some(h) = header.section_hashes.as_ref().filter(|_| !skill_file) {
             for (kind, v) in [
                 (SectionKind::Masks, &h.masks),
                 (SectionKind::Vocab, &h.vocab),
@@ -211,6 +214,23 @@ impl CmfFile {
 
     pub fn is_skill_file(&self) -> bool {
         self.envelope.required_features & feature::SKILL_FILE != 0
+    }
+
+    /// Whether the hashed header records a hash for section `kind` that the envelope
+    /// does not have: the section was cut out (offset and length zeroed). Not for a
+    /// standalone skill file, whose header is its base's and records the base's sections.
+    pub fn section_cut_out(&self, kind: SectionKind) -> bool {
+        let recorded = self
+            .header
+            .section_hashes
+            .as_ref()
+            .is_some_and(|h| match kind {
+                SectionKind::Masks => h.masks.is_some(),
+                SectionKind::Vocab => h.vocab.is_some(),
+                SectionKind::Index => h.index.is_some(),
+                _ => false,
+            });
+        recorded && !self.envelope.section(kind).is_present() && !self.is_skill_file()
     }
 
     /// hash64 of the directory section: the identity a standalone skill binds to (§9.1).

@@ -1,6 +1,7 @@
 //! The CMF v2 container (spec §1–§10, §12). Depends on nothing else in the engine: a reader
 //! needs no inference code.
 
+pub mod digests;
 pub mod directory;
 pub mod dtype;
 pub mod envelope;

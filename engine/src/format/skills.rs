@@ -178,6 +178,7 @@ pub fn append_skill_in_place(
     check_new_skill(&file, &record, tensors)?;
     let env = file.envelope.clone();
     let mut entries = file.directory.entries.clone();
+    let old_count = entries.len();
     let mut header = file.header.clone();
     header
         .skills
@@ -249,9 +250,24 @@ pub fn append_skill_in_place(
     new_env.masks = put(&mut f, &mut pos, masks.as_ref())?;
     new_env.vocab = put(&mut f, &mut pos, vocab.as_ref())?;
     new_env.index = put(&mut f, &mut pos, index.as_ref())?;
+    let dir_bytes = Directory::new(entries)?.to_bytes();
+    // Strong digests carried on: the old tensors' as recorded (verify checks them), the
+    // new tensors' and the new directory's computed here. A file without them (or with
+    // malformed ones) stays without: nothing here could vouch for its old tensors.
+    match super::digests::StrongDigests::of_header(&header) {
+        Some(Ok(mut d)) if d.tensors.len() == old_count => {
+            d.tensors
+                .extend(tensors.iter().map(|t| super::digests::digest(t.bytes)));
+            d.directory = super::digests::digest(&dir_bytes);
+            d.put(&mut header);
+        }
+        None => {}
+        Some(_) => {
+            header.extra.remove(super::digests::KEY);
+        }
+    }
     let header_bytes = header.to_bytes();
     new_env.header = put(&mut f, &mut pos, Some(&header_bytes))?;
-    let dir_bytes = Directory::new(entries)?.to_bytes();
     new_env.directory = put(&mut f, &mut pos, Some(&dir_bytes))?;
     new_env.header_hash = hash64(&header_bytes);
     new_env.dir_hash = hash64(&dir_bytes);

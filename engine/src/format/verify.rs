@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use rayon::prelude::*;
 use serde::Serialize;
 
+use super::digests::{self, StrongDigests};
 use super::dtype::DType;
 use super::envelope::SectionKind;
 use super::file::CmfFile;
@@ -20,8 +21,15 @@ use super::signature::{self, SignatureStatus};
 pub enum Link {
     Header,
     Directory,
-    Section { section: SectionKind },
-    Tensor { index: usize, name: String },
+    Section {
+        section: SectionKind,
+    },
+    Tensor {
+        index: usize,
+        name: String,
+    },
+    /// The header's `strong_digests` field itself (see [`super::digests`]).
+    StrongDigests,
     Signature,
 }
 
@@ -32,6 +40,7 @@ impl Link {
             Link::Directory => "directory".into(),
             Link::Section { section } => format!("{} section", section.name()),
             Link::Tensor { name, .. } => format!("tensor {}", super::escape_str(name)),
+            Link::StrongDigests => "strong digests".into(),
             Link::Signature => "signature".into(),
         }
     }
@@ -113,6 +122,10 @@ pub struct VerifyReport {
     /// zero their hashes), described ("header", "vocab section"). `ok` with any of these
     /// proves less than a full chain; under [`VerifyOptions::strict`] they are failures.
     pub unhashed: Vec<String>,
+    /// Whether the file carries strong digests ([`super::digests`]) and they were checked
+    /// beside hash64 for every tensor and section. Without them a swap of two 8-byte words
+    /// inside a tensor goes unseen (hash64 is blind to it).
+    pub strong_digests: bool,
 }
 
 impl LinkResult {
@@ -190,20 +203,64 @@ pub fn verify(
         on_event(VerifyEvent::Checked(r.clone()));
         links.push(r);
     };
+    // The strong digests, when the header has them and they fit the directory; a
+    // malformed field is a failed link of its own (pushed after the header's).
+    let (strong, strong_problem): (Option<StrongDigests>, Option<String>) =
+        match StrongDigests::of_header(&file.header) {
+            None => (None, None),
+            Some(Ok(d)) if d.tensors.len() == entries.len() => (Some(d), None),
+            Some(Ok(d)) => (
+                None,
+                Some(format!(
+                    "{} tensor digests for {} directory entries",
+                    d.tensors.len(),
+                    entries.len()
+                )),
+            ),
+            Some(Err(e)) => (None, Some(e)),
+        };
+    // A link whose hash64 holds must also match its strong digest, where there is one.
+    let and_strong =
+        |status: LinkStatus, recorded: Option<&String>, bytes: &[u8]| match (status, recorded) {
+            (LinkStatus::Ok, Some(want)) => {
+                let got = digests::digest(bytes);
+                if got.eq_ignore_ascii_case(want) {
+                    LinkStatus::Ok
+                } else {
+                    LinkStatus::Mismatch {
+                        expected: format!("blake3 {want}"),
+                        actual: format!("blake3 {got}"),
+                    }
+                }
+            }
+            (status, _) => status,
+        };
 
     // Header and directory: hashes live in the envelope's reserved bytes.
     for (link, kind, expected) in [
         (Link::Header, SectionKind::Header, env.header_hash),
         (Link::Directory, SectionKind::Directory, env.dir_hash),
     ] {
+        let bytes = file.section_bytes(kind);
         let status = if expected == 0 {
             LinkStatus::Unchecked {
                 reason: "the envelope records no hash (0)".into(),
             }
         } else {
-            check_hash(expected, file.section_bytes(kind))
+            check_hash(expected, bytes)
+        };
+        let status = match (&link, &strong) {
+            (Link::Directory, Some(d)) => and_strong(status, Some(&d.directory), bytes),
+            _ => status,
         };
         push(&mut links, link, status);
+    }
+    if let Some(reason) = strong_problem {
+        push(
+            &mut links,
+            Link::StrongDigests,
+            LinkStatus::Invalid { reason },
+        );
     }
     // Masks, vocab, index: hashes in the header (covered by the header hash).
     let hashes = file.header.section_hashes.as_ref();
@@ -216,7 +273,7 @@ pub fn verify(
         if !env.section(kind).is_present() {
             // The hashed header promises a section the envelope lacks: it was cut out
             // (offset and length zeroed), which no hash of the remaining bytes can see.
-            if recorded.is_some() {
+            if file.section_cut_out(kind) {
                 let reason = "recorded in the hashed header, absent from the envelope \
                               (offset and length 0): cut out of the file";
                 push(
@@ -240,6 +297,23 @@ pub fn verify(
                 },
             },
         };
+        let status = match &strong {
+            Some(d) => {
+                let recorded = match kind {
+                    SectionKind::Masks => d.masks.as_ref(),
+                    SectionKind::Vocab => d.vocab.as_ref(),
+                    _ => d.index.as_ref(),
+                };
+                match recorded {
+                    Some(_) => and_strong(status, recorded, file.section_bytes(kind)),
+                    None if status == LinkStatus::Ok => LinkStatus::Invalid {
+                        reason: "strong_digests has no digest for this section".into(),
+                    },
+                    None => status,
+                }
+            }
+            None => status,
+        };
         push(&mut links, Link::Section { section: kind }, status);
     }
 
@@ -257,6 +331,9 @@ pub fn verify(
             let e = &entries[i];
             let bytes = file.tensor_bytes(e);
             let mut status = check_hash(e.hash, bytes);
+            if let Some(d) = &strong {
+                status = and_strong(status, Some(&d.tensors[i]), bytes);
+            }
             if status == LinkStatus::Ok {
                 if let Some(check) = opts.payload_check {
                     if let Err(reason) = check(e.dtype, &e.shape, bytes) {
@@ -333,6 +410,7 @@ pub fn verify(
         tensors_checked,
         bytes_hashed: done.load(Ordering::Relaxed),
         unhashed,
+        strong_digests: strong.is_some(),
     }
 }
 

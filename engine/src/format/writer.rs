@@ -13,6 +13,7 @@ use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+use super::digests::{self, StrongDigests};
 use super::directory::{Directory, TensorEntry, RECORD_LEN};
 use super::dtype::{DType, Size};
 use super::envelope::{
@@ -156,6 +157,10 @@ pub struct StreamWriter {
     target: TempTarget,
     plan: Vec<TensorPlan>,
     entries: Vec<TensorEntry>,
+    /// The header, written first with placeholder strong digests ([`digests`]) that
+    /// `finish` fills in (the same length, so nothing after it moves).
+    header: Header,
+    digests: StrongDigests,
     header_bytes: Vec<u8>,
     dir_off: u64,
     dir_len: u64,
@@ -208,6 +213,18 @@ impl StreamWriter {
         sh.index = spec.index.as_deref().map(|b| hex16(hash64(b)));
         let empty = SectionHashes::default();
         spec.header.section_hashes = (sh != empty).then_some(sh);
+        let strong = |b: &Option<Vec<u8>>| b.as_deref().map(digests::digest);
+        let digests = StrongDigests {
+            alg: digests::ALG.into(),
+            directory: digests::placeholder(),
+            masks: strong(&spec.masks),
+            vocab: strong(&spec.vocab),
+            index: strong(&spec.index),
+            tensors: Vec::with_capacity(spec.tensors.len()),
+        };
+        let mut placeheld = digests.clone();
+        placeheld.tensors = vec![digests::placeholder(); spec.tensors.len()];
+        placeheld.put(&mut spec.header);
         let header_bytes = spec.header.to_bytes();
 
         let names_len: u64 = spec.tensors.iter().map(|p| p.name.len() as u64).sum();
@@ -228,6 +245,8 @@ impl StreamWriter {
             target,
             plan: spec.tensors,
             entries: Vec::new(),
+            header: spec.header,
+            digests,
             header_bytes,
             dir_off,
             dir_len,
@@ -274,10 +293,15 @@ impl StreamWriter {
         let start = self.pos.next_multiple_of(TENSOR_ALIGN);
         write_zeros(&mut self.out, start - self.pos).map_err(io(&path, "write"))?;
         let mut h = Hash64::new();
+        let mut strong = blake3::Hasher::new();
         for p in parts {
             h.update(p);
+            strong.update(p);
             self.out.write_all(p).map_err(io(&path, "write"))?;
         }
+        self.digests
+            .tensors
+            .push(strong.finalize().to_hex().to_string());
         self.pos = start + nbytes;
         self.entries.push(TensorEntry {
             name: plan.name,
@@ -338,6 +362,18 @@ impl StreamWriter {
 
         let dir_bytes = Directory::new(std::mem::take(&mut self.entries))?.to_bytes();
         debug_assert_eq!(dir_bytes.len() as u64, self.dir_len);
+        self.digests.directory = digests::digest(&dir_bytes);
+        self.digests.put(&mut self.header);
+        let header_bytes = self.header.to_bytes();
+        if header_bytes.len() != self.header_bytes.len() {
+            // Equal-length hex strings in place of the placeholders cannot change it.
+            return Err(bounds(format!(
+                "the header changed length ({} -> {} bytes) when its digests were filled in",
+                self.header_bytes.len(),
+                header_bytes.len()
+            )));
+        }
+        self.header_bytes = header_bytes;
         let mut features = feature::TENSOR_DIR | self.extra_features;
         let dir = Directory::parse(&dir_bytes, data.len)?;
         if masks.is_present() {
@@ -371,8 +407,12 @@ impl StreamWriter {
             .into_inner()
             .map_err(|e| FormatError::io(format!("write {}", path.display()), e.into_error()))?;
         (&file)
-            .seek(SeekFrom::Start(self.dir_off))
+            .seek(SeekFrom::Start(ENVELOPE_LEN))
             .map_err(io(&path, "seek"))?;
+        (&file)
+            .write_all(&self.header_bytes)
+            .map_err(io(&path, "write"))?;
+        debug_assert_eq!(ENVELOPE_LEN + self.header_bytes.len() as u64, self.dir_off);
         (&file).write_all(&dir_bytes).map_err(io(&path, "write"))?;
         (&file)
             .seek(SeekFrom::Start(0))

@@ -306,11 +306,14 @@ impl Q1sRowIndex {
                     / cols,
             )
         };
-        let mut ptr = vec![0u32; g.rows + 1];
+        // Only rows with elements can hold entries: a zero-width tensor may claim any
+        // number of rows (numel 0), and indexing them all would allocate without bound.
+        let indexed = g.rows.min(g.numel);
+        let mut ptr = vec![0u32; indexed + 1];
         for e in 0..l.count {
             ptr[row_of(e)? + 1] += 1;
         }
-        for r in 0..g.rows {
+        for r in 0..indexed {
             ptr[r + 1] += ptr[r];
         }
         let mut fill = ptr.clone();
@@ -335,7 +338,11 @@ pub(crate) fn decode_q1s_row_indexed(
     let start = r * g.cols;
     decode_q1_range(bytes, start, out)?;
     let entries = g.numel.div_ceil(GROUP) * Q1_TILE + 4;
-    let (a, b) = (index.ptr[r] as usize, index.ptr[r + 1] as usize);
+    // Rows past the index (see `Q1sRowIndex::new`) hold no entries.
+    let (a, b) = match index.ptr.get(r..r + 2) {
+        Some(p) => (p[0] as usize, p[1] as usize),
+        None => (0, 0),
+    };
     for &e in &index.entries[a..b] {
         let at = entries + e as usize * Q1S_ENTRY;
         let idx = rd_u32(bytes, at).ok_or("entry outside the payload")? as usize;
