@@ -514,6 +514,37 @@ fn bad_input_gets_a_clear_error_and_exit_code() {
         "--no-verify"
     );
     assert_eq!(code(&o), 0, "{}", stderr(&o));
+    // --verify-on-load: the same flipped byte is caught when its layer first runs, with
+    // the tensor named; a clean file gives the same tokens as with the up-front check.
+    let o = run!(
+        "run",
+        bad,
+        "--ids",
+        "1,2",
+        "--greedy",
+        "--max-tokens",
+        "1",
+        "--json",
+        "--verify-on-load"
+    );
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("fails its check on first use") && stderr(&o).contains("tensor model."),
+        "{}",
+        stderr(&o)
+    );
+    let ids = |extra: &[&str]| {
+        let o = assert_cmd::cargo::cargo_bin_cmd!("cortiq")
+            .arg("run")
+            .arg(model())
+            .args(["--ids", "1,2,3", "--greedy", "--max-tokens", "6", "--json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        json(&o)["ids"].clone()
+    };
+    assert_eq!(ids(&["--verify-on-load"]), ids(&[]));
     // A Gemma 3 file without its sliding window is run with a warning, not silently.
     let o = run!(
         "run",

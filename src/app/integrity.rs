@@ -1699,6 +1699,7 @@ fn run_verify(
                     trusted_keys,
                     cancel: Some(cancel),
                     strict: false,
+                    skip_tensors: false,
                 };
                 verify(file, &opts, &|ev| {
                     // The receiver lives until this thread ends.

@@ -27,6 +27,11 @@ pub struct ModelArgs {
     /// Skip the hash check of the weights at load.
     #[arg(long)]
     pub no_verify: bool,
+    /// Check the small links (header, directory, sections) at load and each tensor group
+    /// on first use (a layer's tensors before it first runs) instead of the whole file up
+    /// front: the model is ready sooner, and what a run never reaches is never hashed.
+    #[arg(long, conflicts_with = "no_verify")]
+    pub verify_on_load: bool,
     /// Activations of the weight products: `balanced` (the default: activations per
     /// token in two int8 levels, the codes and their residual, an int16 code, into the
     /// integer kernels of q8/q4 weights; within DESIGN.md's contract), `exact` (f32
@@ -202,6 +207,7 @@ impl ModelArgs {
         }
         let opts = LoadOptions {
             skip_verify: self.no_verify,
+            verify_on_first_use: self.verify_on_load,
             overrides,
             precision: Precision::default(),
         };

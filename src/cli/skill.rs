@@ -524,6 +524,7 @@ fn author(j: &Job) -> CmdResult {
             };
             let load = LoadOptions {
                 skip_verify: true,
+                verify_on_first_use: false,
                 overrides: j.model.overrides()?,
                 precision: m.precision(),
             };

@@ -100,6 +100,7 @@ pub fn run(args: &Args) -> CmdResult {
         trusted_keys: trusted,
         cancel: None,
         strict: args.strict,
+        skip_tensors: false,
     };
     let show_progress = !args.json && std::io::stderr().is_terminal();
     let last_pct = AtomicU64::new(u64::MAX);

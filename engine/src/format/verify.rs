@@ -102,6 +102,9 @@ pub struct VerifyOptions<'a> {
     /// A hash link with nothing recorded (an old file's zero hash, no `section_hashes`
     /// entry) fails instead of passing as unchecked.
     pub strict: bool,
+    /// Check only the envelope, header, directory and sections: the tensors are checked
+    /// on first use instead (`run --verify-on-load`).
+    pub skip_tensors: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -181,6 +184,45 @@ fn check_hash(expected: u64, bytes: &[u8]) -> LinkStatus {
             expected: hex16(expected),
             actual: hex16(actual),
         }
+    }
+}
+
+/// One tensor's link: its hash64, its strong digest when `strong` has them, and its
+/// payload. What [`verify`] does for each tensor, for checks on first use.
+pub fn check_tensor(
+    file: &CmfFile,
+    index: usize,
+    strong: Option<&StrongDigests>,
+    payload_check: Option<PayloadCheck>,
+) -> LinkStatus {
+    let e = &file.directory.entries[index];
+    let bytes = file.tensor_bytes(e);
+    let mut status = check_hash(e.hash, bytes);
+    if let (LinkStatus::Ok, Some(want)) = (&status, strong.and_then(|d| d.tensors.get(index))) {
+        let got = digests::digest(bytes);
+        if !got.eq_ignore_ascii_case(want) {
+            status = LinkStatus::Mismatch {
+                expected: format!("blake3 {want}"),
+                actual: format!("blake3 {got}"),
+            };
+        }
+    }
+    if status == LinkStatus::Ok {
+        if let Some(check) = payload_check {
+            if let Err(reason) = check(e.dtype, &e.shape, bytes) {
+                status = LinkStatus::Invalid { reason };
+            }
+        }
+    }
+    status
+}
+
+/// The strong digests of `file` when they are well formed and fit its directory (what
+/// [`verify`] checks tensors against).
+pub fn strong_digests_of(file: &CmfFile) -> Option<StrongDigests> {
+    match StrongDigests::of_header(&file.header) {
+        Some(Ok(d)) if d.tensors.len() == file.directory.len() => Some(d),
+        _ => None,
     }
 }
 
@@ -325,22 +367,11 @@ pub fn verify(
     let mut results: Vec<(usize, Option<LinkStatus>)> = order
         .par_iter()
         .map(|&i| {
-            if cancelled() {
+            if cancelled() || opts.skip_tensors {
                 return (i, None);
             }
             let e = &entries[i];
-            let bytes = file.tensor_bytes(e);
-            let mut status = check_hash(e.hash, bytes);
-            if let Some(d) = &strong {
-                status = and_strong(status, Some(&d.tensors[i]), bytes);
-            }
-            if status == LinkStatus::Ok {
-                if let Some(check) = opts.payload_check {
-                    if let Err(reason) = check(e.dtype, &e.shape, bytes) {
-                        status = LinkStatus::Invalid { reason };
-                    }
-                }
-            }
+            let status = check_tensor(file, i, strong.as_ref(), opts.payload_check);
             let d = done.fetch_add(e.nbytes, Ordering::Relaxed) + e.nbytes;
             on_event(VerifyEvent::Checked(LinkResult {
                 link: Link::Tensor {

@@ -12,6 +12,7 @@ pub mod block;
 pub mod config;
 pub mod gated_deltanet;
 pub mod kv_cache;
+pub mod lazy_verify;
 pub mod linear;
 pub mod mlp;
 pub mod moe;
@@ -67,6 +68,9 @@ pub enum ModelError {
     /// The context is full.
     #[error("context limit reached: {needed} positions needed, the session holds {capacity}")]
     ContextFull { needed: usize, capacity: usize },
+    /// A tensor failed its hash check on first use (`--verify-on-load`).
+    #[error("integrity: {0}")]
+    Integrity(String),
     /// A forward met a value it cannot go on from (a NaN router logit), naming where.
     #[error("numerical failure: {0}")]
     Numeric(String),
@@ -101,6 +105,8 @@ pub struct Model {
     /// Task masks resolved so far, by name ([`Model::task`]): resolving packs the live
     /// neurons, which a chat choosing per message must not redo each turn.
     tasks: std::sync::Mutex<std::collections::HashMap<String, Arc<select::TaskMask>>>,
+    /// Tensors checked on first use instead of at load ([`Model::verify_on_first_use`]).
+    lazy: Option<lazy_verify::LazyVerify>,
 }
 
 /// What the engine made of one skill of the registry.
@@ -310,6 +316,7 @@ impl Model {
             config: c,
             skills: Vec::new(),
             tasks: Default::default(),
+            lazy: None,
         };
         model.skills = model.attach_skills();
         Ok(model)
@@ -569,6 +576,9 @@ impl Model {
         }
         let h = c.hidden;
         let x = &mut ws.x[..t * h];
+        if let Some(lazy) = &self.lazy {
+            lazy.rest(&self.file)?;
+        }
 
         let sk = ws.active.skill_sel();
         for (i, &id) in tokens.iter().enumerate() {
@@ -590,6 +600,13 @@ impl Model {
         // Decoder layers.
         for (i, layer) in self.layers.iter().enumerate() {
             let sel = ws.active.layer(i);
+            // A layer a task mask gates off is not used: not checked either.
+            if let Some(lazy) = self.lazy.as_ref().filter(|_| !sel.skip()) {
+                if let Err(e) = lazy.layer(&self.file, i) {
+                    cache.truncate(0);
+                    return Err(e);
+                }
+            }
             let r = if sel.skip() {
                 // A gated-off layer: the residual passes through; its state keeps nothing
                 // for these positions (what a later task with the layer on reads there is
@@ -665,6 +682,18 @@ impl Model {
         Ok(())
     }
 
+    /// Checks the tensors on first use instead of up front: each decoder layer's before it
+    /// first runs, the rest before the first embedding (see [`lazy_verify`]). The caller
+    /// has checked the file's small links (`VerifyOptions::skip_tensors`).
+    pub fn verify_on_first_use(&mut self) {
+        self.lazy = Some(lazy_verify::LazyVerify::new(&self.file, self.layers.len()));
+    }
+
+    /// With [`Model::verify_on_first_use`]: tensors checked so far, of all.
+    pub fn first_use_checks(&self) -> Option<(usize, usize)> {
+        self.lazy.as_ref().map(|l| l.progress())
+    }
+
     /// Token `id`'s embedding into `out` [hidden] (Gemma scales it by √hidden).
     pub fn embed_token(&self, id: u32, out: &mut [f32]) {
         self.embed_token_in(linear::SkillSel::Base, id, out)
@@ -711,6 +740,63 @@ mod tests {
     use super::*;
     use crate::format::dtype::DType;
     use crate::tinymodel::{write_tiny, TinyLayer, TinySpec};
+
+    /// `verify_on_first_use`: a clean model runs as the checked one and ends with every
+    /// tensor checked; a flipped byte in layer 2 stops the forward when layer 2 first runs,
+    /// naming the tensor, after layers 0 and 1 were checked and run.
+    #[test]
+    fn tensors_checked_on_first_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.cmf");
+        let spec = TinySpec::awkward(vec![
+            TinyLayer::attention_dense(96),
+            TinyLayer::attention_dense(80),
+            TinyLayer::attention_dense(96),
+        ]);
+        write_tiny(&path, &spec).unwrap();
+        let run = |p: &std::path::Path| {
+            let mut model = Model::load(Arc::new(CmfModel::open(p).unwrap())).unwrap();
+            model.verify_on_first_use();
+            assert_eq!(
+                model.first_use_checks().unwrap().0,
+                0,
+                "nothing hashed at load"
+            );
+            let (mut st, mut ws) = (model.new_state(8), model.new_workspace(4));
+            let r = model.forward(&[0, 5, 7], &mut st, &mut ws, Logits::All, None);
+            (
+                r.map(|()| ws.logits.clone()),
+                model.first_use_checks().unwrap(),
+            )
+        };
+        let (logits, (done, all)) = run(&path);
+        assert_eq!(done, all);
+        let plain = Model::load(Arc::new(CmfModel::open(&path).unwrap())).unwrap();
+        let (mut st, mut ws) = (plain.new_state(8), plain.new_workspace(4));
+        plain
+            .forward(&[0, 5, 7], &mut st, &mut ws, Logits::All, None)
+            .unwrap();
+        assert_eq!(logits.unwrap(), ws.logits);
+
+        let f = crate::format::CmfFile::open(&path).unwrap();
+        let e = f
+            .directory
+            .iter()
+            .find(|e| e.name == "model.layers.2.mlp.up_proj.weight")
+            .unwrap();
+        let at = (f.envelope.data.off + e.off + 5) as usize;
+        drop(f);
+        let mut b = std::fs::read(&path).unwrap();
+        b[at] ^= 0x20;
+        let bad = dir.path().join("bad.cmf");
+        std::fs::write(&bad, &b).unwrap();
+        match run(&bad).0 {
+            Err(ModelError::Integrity(m)) => {
+                assert!(m.contains("model.layers.2.mlp.up_proj.weight"), "{m}")
+            }
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+    }
 
     /// A NaN or an Inf in a weight stops the forward with an error naming where the values
     /// first broke: the embedding, a layer, or the head (never logits that sample token 0).

@@ -19,6 +19,9 @@ pub struct LoadOptions {
     /// Check the §8.1 hash chain of every shard before loading (the default; a flipped
     /// weight byte must not silently change answers).
     pub skip_verify: bool,
+    /// Check only the small links at load and each tensor group on first use instead
+    /// (`--verify-on-load`, see [`crate::model::lazy_verify`]).
+    pub verify_on_first_use: bool,
     /// Arch fields replaced or added before the blocks are built (`--arch k=v`).
     pub overrides: Map<String, Value>,
     pub precision: Precision,
@@ -47,6 +50,17 @@ pub fn verify_model(
     cancel: Option<&AtomicBool>,
     progress: &(dyn Fn(VerifyEvent) + Sync),
 ) -> Result<(), LoadError> {
+    verify_links(file, cancel, progress, false)
+}
+
+/// [`verify_model`], or with `skip_tensors` only the envelope, header, directory and
+/// sections of every shard.
+fn verify_links(
+    file: &CmfModel,
+    cancel: Option<&AtomicBool>,
+    progress: &(dyn Fn(VerifyEvent) + Sync),
+    skip_tensors: bool,
+) -> Result<(), LoadError> {
     for shard in &file.shards {
         let report = verify(
             shard,
@@ -56,6 +70,7 @@ pub fn verify_model(
                 trusted_keys: Vec::new(),
                 cancel,
                 strict: false,
+                skip_tensors,
             },
             progress,
         );
@@ -82,10 +97,15 @@ pub fn verify_model(
 /// Opens `path` (any shard of a set), checks it unless told not to, and builds the model.
 pub fn load_verified(path: &Path, opts: &LoadOptions) -> Result<Model, LoadError> {
     let file = CmfModel::open(path)?;
-    if !opts.skip_verify {
-        verify_model(&file, None, &|_| {})?;
+    if opts.skip_verify {
+        return load_unverified(Arc::new(file), opts);
     }
-    load_unverified(Arc::new(file), opts)
+    verify_links(&file, None, &|_| {}, opts.verify_on_first_use)?;
+    let mut model = load_unverified(Arc::new(file), opts)?;
+    if opts.verify_on_first_use {
+        model.verify_on_first_use();
+    }
+    Ok(model)
 }
 
 /// Builds the model of an open file without checking it (the caller did, or was told not
