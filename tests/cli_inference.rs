@@ -545,6 +545,36 @@ fn bad_input_gets_a_clear_error_and_exit_code() {
         json(&o)["ids"].clone()
     };
     assert_eq!(ids(&["--verify-on-load"]), ids(&[]));
+    // A tensor whose dtype its block cannot use (the embedding as opaque reserved bytes;
+    // the directory hash made to match): a load error naming the tensor.
+    {
+        let odd = dir.path().join("odd-dtype.cmf");
+        let mut b = std::fs::read(model()).unwrap();
+        let f = cortiq_engine::format::CmfFile::open(model()).unwrap();
+        let k = f
+            .directory
+            .iter()
+            .position(|e| e.name == "model.embed_tokens.weight")
+            .unwrap();
+        let (doff, dlen) = (
+            f.envelope.directory.off as usize,
+            f.envelope.directory.len as usize,
+        );
+        drop(f);
+        let record = cortiq_engine::format::directory::RECORD_LEN as usize;
+        b[doff + 16 + k * record + 6] = 6;
+        let h = cortiq_engine::format::hash64::hash64(&b[doff..doff + dlen]);
+        b[0x78..0x80].copy_from_slice(&h.to_le_bytes());
+        std::fs::write(&odd, &b).unwrap();
+        let o = run!("run", odd, "--ids", "1,2", "--max-tokens", "1");
+        assert_eq!(code(&o), 1, "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("tensor model.embed_tokens.weight")
+                && stderr(&o).contains("reserved"),
+            "{}",
+            stderr(&o)
+        );
+    }
     // A Gemma 3 file without its sliding window is run with a warning, not silently.
     let o = run!(
         "run",
