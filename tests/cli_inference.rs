@@ -406,9 +406,8 @@ fn fixture_cmf(name: &str) -> PathBuf {
 fn tokenizer_beyond_the_vocabulary(src: &std::path::Path, out: &std::path::Path) -> String {
     use cortiq_engine::format::hash64::{hash64, hex16};
     let mut b = std::fs::read(src).unwrap();
-    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
-    let (voff, vlen) = (u64_at(&b, 0x50) as usize, u64_at(&b, 0x58) as usize);
-    let (hoff, hlen) = (u64_at(&b, 0x10) as usize, u64_at(&b, 0x18) as usize);
+    let (voff, vlen) = common::section(&b, 0x50);
+    let (hoff, hlen) = common::section(&b, 0x10);
     let old_vocab = hex16(hash64(&b[voff..voff + vlen]));
     let vocab = String::from_utf8(b[voff..voff + vlen].to_vec()).unwrap();
     // A lowercase word entry `"word": 3xx,` on a line of its own.
@@ -434,8 +433,7 @@ fn tokenizer_beyond_the_vocabulary(src: &std::path::Path, out: &std::path::Path)
     );
     let header = header.replace(&old_vocab, &new_vocab);
     b[hoff..hoff + hlen].copy_from_slice(header.as_bytes());
-    let h = hash64(header.as_bytes());
-    b[0x70..0x78].copy_from_slice(&h.to_le_bytes());
+    common::reseal(&mut b);
     std::fs::write(out, &b).unwrap();
     let o = run!("verify", out);
     assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stdout));
@@ -556,15 +554,11 @@ fn bad_input_gets_a_clear_error_and_exit_code() {
             .iter()
             .position(|e| e.name == "model.embed_tokens.weight")
             .unwrap();
-        let (doff, dlen) = (
-            f.envelope.directory.off as usize,
-            f.envelope.directory.len as usize,
-        );
+        let doff = f.envelope.directory.off as usize;
         drop(f);
         let record = cortiq_engine::format::directory::RECORD_LEN as usize;
         b[doff + 16 + k * record + 6] = 6;
-        let h = cortiq_engine::format::hash64::hash64(&b[doff..doff + dlen]);
-        b[0x78..0x80].copy_from_slice(&h.to_le_bytes());
+        common::reseal(&mut b);
         std::fs::write(&odd, &b).unwrap();
         let o = run!("run", odd, "--ids", "1,2", "--max-tokens", "1");
         assert_eq!(code(&o), 1, "{}", stderr(&o));

@@ -332,12 +332,10 @@ fn compact_rewrites_and_never_overwrites_its_input() {
     // directory hash made to match: the input's fault, exit 1, nothing written.
     let reserved = copy_writable(&fixture("qwen3-q8.cmf"), dir.path(), "reserved.cmf");
     let mut b = std::fs::read(&reserved).unwrap();
-    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
-    let (doff, dlen) = (u64_at(&b, 0x20) as usize, u64_at(&b, 0x28) as usize);
+    let (doff, _) = common::section(&b, 0x20);
     let record = cortiq_engine::format::directory::RECORD_LEN as usize;
     b[doff + 16 + 3 * record + 6] = 5;
-    let h = cortiq_engine::format::hash64::hash64(&b[doff..doff + dlen]);
-    b[0x78..0x80].copy_from_slice(&h.to_le_bytes());
+    common::reseal(&mut b);
     std::fs::write(&reserved, &b).unwrap();
     let out = dir.path().join("reserved-out.cmf");
     let o = run!("compact", reserved, "-o", out, "--json");
@@ -650,8 +648,7 @@ fn strong_digests_grow_with_an_append_and_a_malformed_field_fails() {
 
     // "blake3" -> "blake2" in the header, its hash made to match.
     let mut b = std::fs::read(&ours).unwrap();
-    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
-    let (hoff, hlen) = (u64_at(&b, 0x10) as usize, u64_at(&b, 0x18) as usize);
+    let (hoff, hlen) = common::section(&b, 0x10);
     let key = b"\"blake3\"";
     let i = hoff
         + b[hoff..hoff + hlen]
@@ -659,8 +656,7 @@ fn strong_digests_grow_with_an_append_and_a_malformed_field_fails() {
             .position(|w| w == key)
             .unwrap();
     b[i + 6] = b'2';
-    let h = cortiq_engine::format::hash64::hash64(&b[hoff..hoff + hlen]);
-    b[0x70..0x78].copy_from_slice(&h.to_le_bytes());
+    common::reseal(&mut b);
     std::fs::write(&ours, &b).unwrap();
     let o = run!("verify", ours, "--json");
     assert_eq!(code(&o), 1);

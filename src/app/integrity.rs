@@ -125,6 +125,8 @@ struct Chain {
     file_name: String,
     has_path: bool,
     sig_present: bool,
+    /// The header carries well-formed strong digests (read once: a header may hold 10⁵).
+    strong_digests: bool,
     sections: Vec<SectionNode>,
     tensor_count: usize,
     tensor_bytes: u64,
@@ -179,6 +181,7 @@ impl Chain {
             file_name,
             has_path: file.path.is_some(),
             sig_present,
+            strong_digests: matches!(StrongDigests::of_header(&file.header), Some(Ok(_))),
             sections,
             tensor_count: n,
             tensor_bytes: file.directory.iter().map(|e| e.nbytes).sum(),
@@ -1016,11 +1019,7 @@ impl IntegrityState {
         for p in &self.trusted.problems {
             v.push(Note::new("", p.clone(), Tone::Warn));
         }
-        let with = self
-            .chains
-            .iter()
-            .filter(|c| matches!(StrongDigests::of_header(&c.file.header), Some(Ok(_))))
-            .count();
+        let with = self.chains.iter().filter(|c| c.strong_digests).count();
         let (text, tone) = match (with, self.chains.len()) {
             (0, _) => (
                 "none — hash64 alone cannot see two swapped 8-byte words".to_string(),

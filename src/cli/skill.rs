@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use cortiq_engine::chat::tokenizer::Tokenizer;
 use cortiq_engine::chat::ChatBundle;
-use cortiq_engine::format::hash64::{hex16, parse_hex16};
+use cortiq_engine::format::hash64::hex16;
 use cortiq_engine::format::header::{Selection, SkillRecord};
 use cortiq_engine::format::skills;
 use cortiq_engine::model::Model;
@@ -214,32 +214,8 @@ pub fn run(cmd: &Command) -> CmdResult {
             // The arguments' roles and the base they were cut for are the user's choice
             // (exit 2); anything else that stops the apply is in the files (a malformed
             // record, tensors that do not fit the base under --force): exit 1.
-            if !skill.is_skill_file() {
-                return Err(CliError::usage(format!(
-                    "{}: not a standalone skill file (SKILL_FILE is not set); `skill export` makes one",
-                    a.skill.display()
-                )));
-            }
-            if base.is_skill_file() {
-                return Err(CliError::usage(format!(
-                    "{}: the base is itself a skill file",
-                    a.base.display()
-                )));
-            }
-            let cut_for = skill
-                .header
-                .skills
-                .as_deref()
-                .and_then(|r| r.first())
-                .and_then(|r| r.base_dir_hash.as_deref())
-                .and_then(parse_hex16);
-            if let Some(want) = cut_for.filter(|&w| w != base.directory_hash() && !a.force) {
-                return Err(CliError::usage(format!(
-                    "the skill was cut for a base whose directory hash is {}, this base's is {} \
-                     (use --force to apply anyway; the result is outside the spec)",
-                    hex16(want),
-                    hex16(base.directory_hash())
-                )));
+            if let Some(why) = skills::apply_refusal(&base, &skill, a.force) {
+                return Err(CliError::usage(why));
             }
             let s = skills::apply_skill(&base, &skill, &a.output, a.force).map_err(|e| {
                 let mut e = write_err(e);

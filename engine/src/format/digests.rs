@@ -55,6 +55,30 @@ pub fn digest(bytes: &[u8]) -> String {
     h.finalize().to_hex().to_string()
 }
 
+/// `status` of a link whose hash64 was checked, with its strong digest `want` (when
+/// there is one) checked too once hash64 holds.
+pub(crate) fn and_strong(
+    status: super::verify::LinkStatus,
+    want: Option<&String>,
+    bytes: &[u8],
+) -> super::verify::LinkStatus {
+    use super::verify::LinkStatus;
+    match (status, want) {
+        (LinkStatus::Ok, Some(want)) => {
+            let got = digest(bytes);
+            if got.eq_ignore_ascii_case(want) {
+                LinkStatus::Ok
+            } else {
+                LinkStatus::Mismatch {
+                    expected: format!("blake3 {want}"),
+                    actual: format!("blake3 {got}"),
+                }
+            }
+        }
+        (status, _) => status,
+    }
+}
+
 /// A digest of the right length that says nothing: a writer serializes the header with
 /// these to learn its length before the tensors are written, then fills them in.
 pub fn placeholder() -> String {
@@ -67,7 +91,7 @@ impl StrongDigests {
     pub fn of_header(header: &Header) -> Option<Result<StrongDigests, String>> {
         let v = header.extra.get(KEY)?;
         Some(
-            serde_json::from_value::<StrongDigests>(v.clone())
+            StrongDigests::deserialize(v)
                 .map_err(|e| format!("{KEY} is malformed: {e}"))
                 .and_then(|d| {
                     if d.alg != ALG {

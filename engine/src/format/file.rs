@@ -146,24 +146,7 @@ impl CmfFile {
         if needs_2f && envelope.required_features & feature::QUANT_2F == 0 {
             warnings.push("the directory has q8_2f/vbit tensors but QUANT_2F is not set".into());
         }
-        // A standalone skill file carries its base's header, `section_hashes` included
-        // (the reference writer keeps the base's vocab hash), but not those sections.
-        let skill_file = envelope.required_features & feature::SKILL_FILE != 0;
-        if let Some(h) = header.section_hashes.as_ref().filter(|_| !skill_file) {
-            for (kind, v) in [
-                (SectionKind::Masks, &h.masks),
-                (SectionKind::Vocab, &h.vocab),
-                (SectionKind::Index, &h.index),
-            ] {
-                if v.is_some() && !envelope.section(kind).is_present() {
-                    warnings.push(format!(
-                        "section_hashes records a hash for the {} section, but the envelope has none (verify fails it)",
-                        kind.name()
-                    ));
-                }
-            }
-        }
-        Ok(CmfFile {
+        let mut file = CmfFile {
             path: None,
             bytes,
             envelope,
@@ -173,7 +156,17 @@ impl CmfFile {
             masks,
             index,
             warnings,
-        })
+        };
+        for kind in [SectionKind::Masks, SectionKind::Vocab, SectionKind::Index] {
+            if file.section_cut_out(kind) {
+                file.warnings.push(format!(
+                    "section_hashes records a hash for the {} section, but the envelope has \
+                     none (verify fails it)",
+                    kind.name()
+                ));
+            }
+        }
+        Ok(file)
     }
 
     /// The whole file.

@@ -381,6 +381,39 @@ pub fn export_skill(
     )
 }
 
+/// Why `skill apply` refuses this pair as given, before looking inside the skill: the
+/// roles swapped (the skill argument is no skill file, the base is one), or, without
+/// `force`, a skill cut for another base (§9.1). These are the caller's choices; what
+/// [`apply_skill`] finds wrong after them is in the files.
+pub fn apply_refusal(base: &CmfFile, skill: &CmfFile, force: bool) -> Option<String> {
+    if !skill.is_skill_file() {
+        return Some(
+            "the skill argument is not a standalone skill file (SKILL_FILE is not set); \
+             `skill export` makes one"
+                .into(),
+        );
+    }
+    if base.is_skill_file() {
+        return Some("the base is itself a skill file".into());
+    }
+    let cut_for = skill
+        .header
+        .skills
+        .as_deref()
+        .and_then(|r| r.first())
+        .and_then(|r| r.base_dir_hash.as_deref())
+        .and_then(parse_hex16);
+    let have = base.directory_hash();
+    cut_for.filter(|&want| want != have && !force).map(|want| {
+        format!(
+            "the skill was cut for a base whose directory hash is {}, this base's is {} (use \
+             --force to apply anyway; the result is outside the spec)",
+            hex16(want),
+            hex16(have)
+        )
+    })
+}
+
 /// `skill apply`: `base` plus the tensors and registry record of the standalone skill file
 /// `skill`, written to `out`. Refuses when the skill was cut for another base (directory
 /// hash differs) unless `force`.
@@ -390,13 +423,8 @@ pub fn apply_skill(
     out: &Path,
     force: bool,
 ) -> Result<WriteSummary> {
-    if !skill.is_skill_file() {
-        return Err(parse(
-            "the skill argument is not a standalone skill file (SKILL_FILE is not set)",
-        ));
-    }
-    if base.is_skill_file() {
-        return Err(parse("the base is itself a skill file"));
+    if let Some(why) = apply_refusal(base, skill, force) {
+        return Err(parse(why));
     }
     let records = skill.header.skills.as_deref().unwrap_or_default();
     let [record] = records else {
@@ -405,19 +433,12 @@ pub fn apply_skill(
             records.len()
         )));
     };
-    let want = record
+    // The binding itself was compared in `apply_refusal`; here it must at least exist.
+    record
         .base_dir_hash
         .as_deref()
         .and_then(parse_hex16)
         .ok_or_else(|| parse("skill record has no valid base_dir_hash"))?;
-    let have = base.directory_hash();
-    if want != have && !force {
-        return Err(parse(format!(
-            "the skill was cut for a base whose directory hash is {}, this base's is {} (use --force to apply anyway; the result is outside the spec)",
-            hex16(want),
-            hex16(have)
-        )));
-    }
     let mut applied = record.clone();
     applied.base_dir_hash = None;
     let mut tensors = Vec::new();

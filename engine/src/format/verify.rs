@@ -197,16 +197,11 @@ pub fn check_tensor(
 ) -> LinkStatus {
     let e = &file.directory.entries[index];
     let bytes = file.tensor_bytes(e);
-    let mut status = check_hash(e.hash, bytes);
-    if let (LinkStatus::Ok, Some(want)) = (&status, strong.and_then(|d| d.tensors.get(index))) {
-        let got = digests::digest(bytes);
-        if !got.eq_ignore_ascii_case(want) {
-            status = LinkStatus::Mismatch {
-                expected: format!("blake3 {want}"),
-                actual: format!("blake3 {got}"),
-            };
-        }
-    }
+    let mut status = digests::and_strong(
+        check_hash(e.hash, bytes),
+        strong.and_then(|d| d.tensors.get(index)),
+        bytes,
+    );
     if status == LinkStatus::Ok {
         if let Some(check) = payload_check {
             if let Err(reason) = check(e.dtype, &e.shape, bytes) {
@@ -217,12 +212,18 @@ pub fn check_tensor(
     status
 }
 
-/// The strong digests of `file` when they are well formed and fit its directory (what
-/// [`verify`] checks tensors against).
-pub fn strong_digests_of(file: &CmfFile) -> Option<StrongDigests> {
+/// The strong digests of `file` (what [`verify`] checks tensors against): `Ok(None)`
+/// when it has none, an error when the field is malformed or does not fit the directory.
+pub fn strong_digests_of(file: &CmfFile) -> Result<Option<StrongDigests>, String> {
     match StrongDigests::of_header(&file.header) {
-        Some(Ok(d)) if d.tensors.len() == file.directory.len() => Some(d),
-        _ => None,
+        None => Ok(None),
+        Some(Ok(d)) if d.tensors.len() == file.directory.len() => Ok(Some(d)),
+        Some(Ok(d)) => Err(format!(
+            "{} tensor digests for {} directory entries",
+            d.tensors.len(),
+            file.directory.len()
+        )),
+        Some(Err(e)) => Err(e),
     }
 }
 
@@ -247,37 +248,10 @@ pub fn verify(
     };
     // The strong digests, when the header has them and they fit the directory; a
     // malformed field is a failed link of its own (pushed after the header's).
-    let (strong, strong_problem): (Option<StrongDigests>, Option<String>) =
-        match StrongDigests::of_header(&file.header) {
-            None => (None, None),
-            Some(Ok(d)) if d.tensors.len() == entries.len() => (Some(d), None),
-            Some(Ok(d)) => (
-                None,
-                Some(format!(
-                    "{} tensor digests for {} directory entries",
-                    d.tensors.len(),
-                    entries.len()
-                )),
-            ),
-            Some(Err(e)) => (None, Some(e)),
-        };
-    // A link whose hash64 holds must also match its strong digest, where there is one.
-    let and_strong =
-        |status: LinkStatus, recorded: Option<&String>, bytes: &[u8]| match (status, recorded) {
-            (LinkStatus::Ok, Some(want)) => {
-                let got = digests::digest(bytes);
-                if got.eq_ignore_ascii_case(want) {
-                    LinkStatus::Ok
-                } else {
-                    LinkStatus::Mismatch {
-                        expected: format!("blake3 {want}"),
-                        actual: format!("blake3 {got}"),
-                    }
-                }
-            }
-            (status, _) => status,
-        };
-
+    let (strong, strong_problem) = match strong_digests_of(file) {
+        Ok(d) => (d, None),
+        Err(e) => (None, Some(e)),
+    };
     // Header and directory: hashes live in the envelope's reserved bytes.
     for (link, kind, expected) in [
         (Link::Header, SectionKind::Header, env.header_hash),
@@ -292,7 +266,7 @@ pub fn verify(
             check_hash(expected, bytes)
         };
         let status = match (&link, &strong) {
-            (Link::Directory, Some(d)) => and_strong(status, Some(&d.directory), bytes),
+            (Link::Directory, Some(d)) => digests::and_strong(status, Some(&d.directory), bytes),
             _ => status,
         };
         push(&mut links, link, status);
@@ -347,7 +321,7 @@ pub fn verify(
                     _ => d.index.as_ref(),
                 };
                 match recorded {
-                    Some(_) => and_strong(status, recorded, file.section_bytes(kind)),
+                    Some(_) => digests::and_strong(status, recorded, file.section_bytes(kind)),
                     None if status == LinkStatus::Ok => LinkStatus::Invalid {
                         reason: "strong_digests has no digest for this section".into(),
                     },

@@ -11,6 +11,7 @@
 
 use std::sync::OnceLock;
 
+use crate::format::digests::StrongDigests;
 use crate::format::shards::CmfModel;
 use crate::format::verify::{check_tensor, strong_digests_of, LinkStatus};
 
@@ -29,6 +30,8 @@ struct Group {
 pub struct LazyVerify {
     layers: Vec<Group>,
     rest: Group,
+    /// Each shard's strong digests, parsed once (a header may hold 10⁵ of them).
+    strong: Vec<Option<StrongDigests>>,
 }
 
 impl LazyVerify {
@@ -37,6 +40,12 @@ impl LazyVerify {
         let mut v = LazyVerify {
             layers: (0..n_layers).map(|_| Group::default()).collect(),
             rest: Group::default(),
+            // A malformed field leaves hash64 alone here; the load's link check failed it.
+            strong: file
+                .shards
+                .iter()
+                .map(|s| strong_digests_of(s).ok().flatten())
+                .collect(),
         };
         for (s, shard) in file.shards.iter().enumerate() {
             for (i, e) in shard.directory.iter().enumerate() {
@@ -58,14 +67,14 @@ impl LazyVerify {
     /// Checks decoder layer `i`'s tensors, the first time only.
     pub fn layer(&self, file: &CmfModel, i: usize) -> Result<(), ModelError> {
         match self.layers.get(i) {
-            Some(g) => check(file, g),
+            Some(g) => self.check(file, g),
             None => Ok(()),
         }
     }
 
     /// Checks every tensor outside the decoder layers, the first time only.
     pub fn rest(&self, file: &CmfModel) -> Result<(), ModelError> {
-        check(file, &self.rest)
+        self.check(file, &self.rest)
     }
 
     /// Tensors checked so far, of all.
@@ -78,29 +87,29 @@ impl LazyVerify {
             .sum();
         (done, all)
     }
-}
 
-fn check(file: &CmfModel, g: &Group) -> Result<(), ModelError> {
-    let r = g.done.get_or_init(|| {
-        use rayon::prelude::*;
-        let strong: Vec<_> = file.shards.iter().map(|s| strong_digests_of(s)).collect();
-        g.tensors
-            .par_iter()
-            .map(|&(s, i)| {
-                let shard = &file.shards[s];
-                match check_tensor(shard, i, strong[s].as_ref(), Some(crate::quant::payload_check)) {
-                    LinkStatus::Ok | LinkStatus::Unchecked { .. } => Ok(()),
-                    LinkStatus::Mismatch { expected, actual } => Err(format!(
-                        "tensor {} fails its check on first use (hash {actual}, recorded {expected})",
-                        crate::format::escape_str(&shard.directory.entries[i].name)
-                    )),
-                    LinkStatus::Invalid { reason } => Err(format!(
-                        "tensor {} fails its check on first use ({reason})",
-                        crate::format::escape_str(&shard.directory.entries[i].name)
-                    )),
-                }
-            })
-            .collect::<Result<(), String>>()
-    });
-    r.clone().map_err(ModelError::Integrity)
+    fn check(&self, file: &CmfModel, g: &Group) -> Result<(), ModelError> {
+        let r = g.done.get_or_init(|| {
+            use rayon::prelude::*;
+            g.tensors
+                .par_iter()
+                .map(|&(s, i)| {
+                    let shard = &file.shards[s];
+                    let strong = self.strong[s].as_ref();
+                    match check_tensor(shard, i, strong, Some(crate::quant::payload_check)) {
+                        LinkStatus::Ok | LinkStatus::Unchecked { .. } => Ok(()),
+                        LinkStatus::Mismatch { expected, actual } => Err(format!(
+                            "tensor {} fails its check on first use (hash {actual}, recorded {expected})",
+                            crate::format::escape_str(&shard.directory.entries[i].name)
+                        )),
+                        LinkStatus::Invalid { reason } => Err(format!(
+                            "tensor {} fails its check on first use ({reason})",
+                            crate::format::escape_str(&shard.directory.entries[i].name)
+                        )),
+                    }
+                })
+                .collect::<Result<(), String>>()
+        });
+        r.clone().map_err(ModelError::Integrity)
+    }
 }

@@ -741,19 +741,32 @@ mod tests {
     use crate::format::dtype::DType;
     use crate::tinymodel::{write_tiny, TinyLayer, TinySpec};
 
-    /// `verify_on_first_use`: a clean model runs as the checked one and ends with every
-    /// tensor checked; a flipped byte in layer 2 stops the forward when layer 2 first runs,
-    /// naming the tensor, after layers 0 and 1 were checked and run.
-    #[test]
-    fn tensors_checked_on_first_use() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("m.cmf");
+    /// A dense tiny model of three layers (awkward sizes), written to `dir/m.cmf`.
+    fn three_layer_model(dir: &std::path::Path) -> std::path::PathBuf {
+        let path = dir.join("m.cmf");
         let spec = TinySpec::awkward(vec![
             TinyLayer::attention_dense(96),
             TinyLayer::attention_dense(80),
             TinyLayer::attention_dense(96),
         ]);
         write_tiny(&path, &spec).unwrap();
+        path
+    }
+
+    /// Where tensor `name`'s bytes start in the file at `path`.
+    fn tensor_offset(path: &std::path::Path, name: &str) -> usize {
+        let f = crate::format::CmfFile::open(path).unwrap();
+        let e = f.directory.iter().find(|e| e.name == name).unwrap();
+        (f.envelope.data.off + e.off) as usize
+    }
+
+    /// `verify_on_first_use`: a clean model runs as the checked one and ends with every
+    /// tensor checked; a flipped byte in layer 2 stops the forward when layer 2 first runs,
+    /// naming the tensor, after layers 0 and 1 were checked and run.
+    #[test]
+    fn tensors_checked_on_first_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = three_layer_model(dir.path());
         let run = |p: &std::path::Path| {
             let mut model = Model::load(Arc::new(CmfModel::open(p).unwrap())).unwrap();
             model.verify_on_first_use();
@@ -778,14 +791,7 @@ mod tests {
             .unwrap();
         assert_eq!(logits.unwrap(), ws.logits);
 
-        let f = crate::format::CmfFile::open(&path).unwrap();
-        let e = f
-            .directory
-            .iter()
-            .find(|e| e.name == "model.layers.2.mlp.up_proj.weight")
-            .unwrap();
-        let at = (f.envelope.data.off + e.off + 5) as usize;
-        drop(f);
+        let at = tensor_offset(&path, "model.layers.2.mlp.up_proj.weight") + 5;
         let mut b = std::fs::read(&path).unwrap();
         b[at] ^= 0x20;
         let bad = dir.path().join("bad.cmf");
@@ -803,19 +809,9 @@ mod tests {
     #[test]
     fn non_finite_weights_are_an_error_naming_the_first_broken_stage() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("m.cmf");
-        let spec = TinySpec::awkward(vec![
-            TinyLayer::attention_dense(96),
-            TinyLayer::attention_dense(80),
-            TinyLayer::attention_dense(96),
-        ]);
-        write_tiny(&path, &spec).unwrap();
+        let path = three_layer_model(dir.path());
         let clean = std::fs::read(&path).unwrap();
-        let f = crate::format::CmfFile::open(&path).unwrap();
-        let at = |name: &str| {
-            let e = f.directory.iter().find(|e| e.name == name).unwrap();
-            (f.envelope.data.off + e.off) as usize
-        };
+        let at = |name: &str| tensor_offset(&path, name);
         let cases = [
             // (Vectors such as norms are checked at load.)
             ("model.layers.1.mlp.down_proj.weight", f32::NAN, "layer 1"),
@@ -832,7 +828,6 @@ mod tests {
             ),
         ]
         .map(|(name, v, want)| (at(name), v, want));
-        drop(f);
         for (off, v, want) in cases {
             let mut b = clean.clone();
             b[off..off + 4].copy_from_slice(&v.to_le_bytes());

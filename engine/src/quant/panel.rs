@@ -188,6 +188,15 @@ pub(super) fn matmul(
         }
         let xt = &xt[..if ov.is_some() { g.cols * tp } else { 0 }];
         let avx2 = avx2_takes(m, fam);
+        let job = PanelJob {
+            fam,
+            avx2,
+            c4,
+            u,
+            d,
+            n,
+            out,
+        };
         (0..tasks.div_ceil(per_task))
             .into_par_iter()
             .for_each(|task| {
@@ -221,21 +230,7 @@ pub(super) fn matmul(
                             // `avx2`; the panel, the activations, the corrections and the
                             // outputs are sized as the kernel reads them, and this task
                             // alone writes rows `p·32 ..` of `y`.
-                            unsafe {
-                                run_panel(
-                                    fam,
-                                    avx2,
-                                    buf,
-                                    c4,
-                                    (u, d),
-                                    0..t,
-                                    corr,
-                                    p * PANEL,
-                                    n,
-                                    out,
-                                    next.as_ref(),
-                                )
-                            };
+                            unsafe { run_panel(&job, buf, 0..t, corr, p * PANEL, next.as_ref()) };
                         }
                         return;
                     }
@@ -248,21 +243,7 @@ pub(super) fn matmul(
                         for (p, chunk) in panels.clone().zip(buf.chunks_exact(panel_words)) {
                             let corr = overlay(p, toks.clone(), corr).then_some(&corr[..]);
                             // SAFETY: as above.
-                            unsafe {
-                                run_panel(
-                                    fam,
-                                    avx2,
-                                    chunk,
-                                    c4,
-                                    (u, d),
-                                    toks.clone(),
-                                    corr,
-                                    p * PANEL,
-                                    n,
-                                    out,
-                                    None,
-                                )
-                            };
+                            unsafe { run_panel(&job, chunk, toks.clone(), corr, p * PANEL, None) };
                         }
                     }
                 });
@@ -445,6 +426,32 @@ fn part_rows<const N: usize>(sel: Option<&[u32]>, first: usize, live: usize) -> 
     })
 }
 
+/// Binds `$d` to the `$r`-row view of a grouped family's layout at rows `$rs` and runs
+/// `$body` on it: the views are different types, so each packer is generic over them.
+macro_rules! with_grouped_rows {
+    ($kind:expr, $r:literal, $m:expr, $g:expr, $bytes:expr, $rs:expr, |$d:ident| $body:expr) => {
+        match $kind {
+            Grouped::Q4Block => {
+                let $d = &Q4Rows::<$r, false>::new_at($g, $bytes, $rs);
+                $body
+            }
+            Grouped::Q4Tiled => {
+                let $d = &Q4Rows::<$r, true>::new_at($g, $bytes, $rs);
+                $body
+            }
+            // The ladders from the matrix's index, not evaluated again.
+            Grouped::Q4tp => {
+                let $d = &q4tp_rows::<$r>($m, $bytes, $rs);
+                $body
+            }
+            Grouped::Q1t => {
+                let $d = &Q1tRows::<$r>::new_at($g, $bytes, $rs);
+                $body
+            }
+        }
+    };
+}
+
 /// Packs output rows `k0 .. k0 + 32` (those below `n`; the rest zero) into `dst`; `avx2`:
 /// grouped layouts without AVX-512 ([`pack_grouped_avx2`]).
 #[allow(clippy::too_many_arguments)]
@@ -472,28 +479,9 @@ fn pack(
             let rs = part_rows::<8>(sel, k0 + 8 * oct, live);
             // SAFETY: the AVX2 panels run only where AVX2 is present (`avx2_takes`).
             unsafe {
-                match kind {
-                    Grouped::Q4Block => pack_grouped_avx2(
-                        &Q4Rows::<8, false>::new_at(g, bytes, rs),
-                        live,
-                        oct,
-                        c4,
-                        dst,
-                    ),
-                    Grouped::Q4Tiled => pack_grouped_avx2(
-                        &Q4Rows::<8, true>::new_at(g, bytes, rs),
-                        live,
-                        oct,
-                        c4,
-                        dst,
-                    ),
-                    Grouped::Q4tp => {
-                        pack_grouped_avx2(&q4tp_rows::<8>(m, bytes, rs), live, oct, c4, dst)
-                    }
-                    Grouped::Q1t => {
-                        pack_grouped_avx2(&Q1tRows::<8>::new_at(g, bytes, rs), live, oct, c4, dst)
-                    }
-                }
+                with_grouped_rows!(kind, 8, m, g, bytes, rs, |rows| {
+                    pack_grouped_avx2(rows, live, oct, c4, dst)
+                })
             }
         }
         return;
@@ -506,27 +494,9 @@ fn pack(
             let rs = part_rows::<16>(sel, k0 + 16 * half, live);
             // SAFETY: the panel kernel only runs where AVX-512 VNNI is present.
             unsafe {
-                match kind {
-                    Grouped::Q4Block => pack_q4(
-                        &Q4Rows::<16, false>::new_at(g, bytes, rs),
-                        live,
-                        half,
-                        c4,
-                        dst,
-                    ),
-                    Grouped::Q4Tiled => pack_q4(
-                        &Q4Rows::<16, true>::new_at(g, bytes, rs),
-                        live,
-                        half,
-                        c4,
-                        dst,
-                    ),
-                    // The ladders from the matrix's index, not evaluated again.
-                    Grouped::Q4tp => pack_q4(&q4tp_rows::<16>(m, bytes, rs), live, half, c4, dst),
-                    Grouped::Q1t => {
-                        pack_q4(&Q1tRows::<16>::new_at(g, bytes, rs), live, half, c4, dst)
-                    }
-                }
+                with_grouped_rows!(kind, 16, m, g, bytes, rs, |rows| {
+                    pack_q4(rows, live, half, c4, dst)
+                })
             }
         }
         return;
@@ -813,30 +783,39 @@ fn unsigned_acts(qa: &QuantizedActs, t: usize, c4: usize, u: &mut Vec<u32>) {
     }
 }
 
-/// [`panel_tokens`], or [`panel_tokens_avx2`] when `avx2` (the AVX2 tiles must not be
+/// What every panel of one product shares: the family and kernel, the activations
+/// (`u`: each token's `2·c4` unsigned words, `d`: each token's scale), the output rows `n`
+/// and where they go.
+#[derive(Clone, Copy)]
+struct PanelJob<'a> {
+    fam: Family,
+    /// The AVX2 tiles ([`avx2_takes`]) instead of the AVX-512 ones.
+    avx2: bool,
+    c4: usize,
+    u: &'a [u32],
+    d: &'a [f32],
+    n: usize,
+    out: Out,
+}
+
+/// [`panel_tokens`], or [`panel_tokens_avx2`] when `job.avx2` (the AVX2 tiles must not be
 /// compiled inside AVX-512 target features: they would run on CPUs without them).
 ///
 /// # Safety
-/// As [`panel_tokens`], with AVX2 + FMA instead of AVX-512 when `avx2`.
-#[allow(clippy::too_many_arguments)]
+/// As [`panel_tokens`], with AVX2 + FMA instead of AVX-512 when `job.avx2`.
 unsafe fn run_panel(
-    fam: Family,
-    avx2: bool,
+    job: &PanelJob,
     panel: &[u32],
-    c4: usize,
-    ud: (&[u32], &[f32]),
     toks: std::ops::Range<usize>,
     corr: Option<&[f32]>,
     k0: usize,
-    n: usize,
-    out: Out,
     next: Option<&[&[u8]; PANEL]>,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        return panel_tokens_avx2(panel, c4, ud, toks, k0, n, out);
+    if job.avx2 {
+        return panel_tokens_avx2(job, panel, toks, k0);
     }
-    panel_tokens(fam, panel, c4, ud, toks, corr, k0, n, out, next)
+    panel_tokens(job, panel, toks, corr, k0, next)
 }
 
 /// Tokens `toks` against one packed `q4` panel on AVX2, two at a time ([`tile_q4_avx2`]).
@@ -846,14 +825,14 @@ unsafe fn run_panel(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn panel_tokens_avx2(
+    job: &PanelJob,
     panel: &[u32],
-    c4: usize,
-    (u, d): (&[u32], &[f32]),
     toks: std::ops::Range<usize>,
     k0: usize,
-    n: usize,
-    out: Out,
 ) {
+    let PanelJob {
+        c4, u, d, n, out, ..
+    } = *job;
     let mut j = toks.start;
     while j < toks.end {
         let left = (toks.end - j).min(2);
@@ -873,20 +852,24 @@ unsafe fn panel_tokens_avx2(
 /// AVX-512 F/BW/VL/VNNI; `panel` is one [`panel_len`]`(c4)` panel, `u` holds every token's
 /// `2·c4` words, `d` every token's scale, and no other thread writes outputs `k0 .. k0+32`.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
 unsafe fn panel_tokens(
-    fam: Family,
+    job: &PanelJob,
     panel: &[u32],
-    c4: usize,
-    (u, d): (&[u32], &[f32]),
     toks: std::ops::Range<usize>,
     corr: Option<&[f32]>,
     k0: usize,
-    n: usize,
-    out: Out,
     next: Option<&[&[u8]; PANEL]>,
 ) {
+    let PanelJob {
+        fam,
+        c4,
+        u,
+        d,
+        n,
+        out,
+        ..
+    } = *job;
     let mut j = toks.start;
     if let Family::Grouped(_) = fam {
         while j < toks.end {
@@ -918,17 +901,12 @@ unsafe fn panel_tokens(
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-#[allow(clippy::too_many_arguments)]
 unsafe fn panel_tokens(
-    _: Family,
+    _: &PanelJob,
     _: &[u32],
-    _: usize,
-    _: (&[u32], &[f32]),
     _: std::ops::Range<usize>,
     _: Option<&[f32]>,
     _: usize,
-    _: usize,
-    _: Out,
     _: Option<&[&[u8]; PANEL]>,
 ) {
     unreachable!("the panel kernel needs AVX-512 VNNI")
