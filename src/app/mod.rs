@@ -457,6 +457,15 @@ impl App {
         }
     }
 
+    /// An answer is being generated (in whichever view is shown): the frame statistics
+    /// count such frames apart.
+    pub fn answer_streaming(&self) -> bool {
+        match &self.screen {
+            Screen::Model(m) => m.chat.as_ref().is_some_and(|c| c.generating),
+            _ => false,
+        }
+    }
+
     /// The chat view, when it is the one shown.
     pub fn active_chat(&self) -> Option<&chat::ChatState> {
         match &self.screen {

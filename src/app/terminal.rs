@@ -1,6 +1,8 @@
 //! The interactive loop: terminal set-up and restore (also on panic, SIGTERM and SIGHUP),
 //! logging to a file,
-//! keys and mouse → Actions, worker reports → Actions, draw after each batch.
+//! keys and mouse → Actions, worker reports → Actions, draw after each batch. Frame times
+//! (draw, and key to frame) are summed up in the log at exit, idle frames apart from
+//! frames drawn while an answer streams.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -186,6 +188,7 @@ pub fn run_with(file: Option<&Path>, start_opts: super::StartOptions) -> Result<
             log::warn!("cannot watch signal {sig}: {e}");
         }
     }
+    let mut frames = FrameStats::default();
     let result = (|| -> Result<(), String> {
         let mut first = true;
         // When the last key arrived that no frame has shown yet (for the frame-time log).
@@ -198,12 +201,11 @@ pub fn run_with(file: Option<&Path>, start_opts: super::StartOptions) -> Result<
                     view(&app, f);
                 })
                 .map_err(|e| e.to_string())?;
-            if let Some(t) = key_at.take() {
-                log::info!(
-                    "frame: key to frame {:.1} ms (draw {:.1} ms)",
-                    t.elapsed().as_secs_f64() * 1e3,
-                    t_draw.elapsed().as_secs_f64() * 1e3
-                );
+            let draw_ms = t_draw.elapsed().as_secs_f64() * 1e3;
+            let key_ms = key_at.take().map(|t| t.elapsed().as_secs_f64() * 1e3);
+            frames.record(app.answer_streaming(), draw_ms, key_ms);
+            if let Some(k) = key_ms {
+                log::info!("frame: key to frame {k:.1} ms (draw {draw_ms:.1} ms)");
             }
             if let Some(text) = app.take_clipboard() {
                 // OSC 52: the terminal (also over ssh, and tmux with set-clipboard) copies.
@@ -250,6 +252,7 @@ pub fn run_with(file: Option<&Path>, start_opts: super::StartOptions) -> Result<
         }
     })();
     app.jobs.cancel_all();
+    log::info!("{}", frames.summary());
     let _ = execute!(
         std::io::stdout(),
         DisableMouseCapture,
@@ -266,4 +269,124 @@ pub fn run_with(file: Option<&Path>, start_opts: super::StartOptions) -> Result<
         }
     }
     result
+}
+
+/// Frame times of one run, for the log: the time to draw each frame and, for frames that
+/// answer a key, the time from the key to the frame on screen; frames drawn while an
+/// answer streams (worker reports arrive between keys) apart from idle ones.
+#[derive(Default)]
+struct FrameStats {
+    /// `[idle, while an answer streams]`.
+    groups: [FrameGroup; 2],
+}
+
+#[derive(Default)]
+struct FrameGroup {
+    frames: u64,
+    draw_ms: Samples,
+    key_ms: Samples,
+}
+
+/// The last [`Samples::CAP`] values, so that a session left open for days keeps a
+/// bounded log buffer.
+#[derive(Default)]
+struct Samples {
+    values: Vec<f32>,
+    next: usize,
+}
+
+impl Samples {
+    const CAP: usize = 1 << 16;
+
+    fn push(&mut self, v: f64) {
+        if self.values.len() < Self::CAP {
+            self.values.push(v as f32);
+        } else {
+            self.values[self.next] = v as f32;
+            self.next = (self.next + 1) % Self::CAP;
+        }
+    }
+
+    /// `median m, p99 p, max x ms` (nearest-rank quantiles), or `none`.
+    fn describe(&self) -> String {
+        if self.values.is_empty() {
+            return "none".into();
+        }
+        let mut v = self.values.clone();
+        v.sort_by(f32::total_cmp);
+        let q = |p: f64| v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        format!(
+            "median {:.2}, p99 {:.2}, max {:.2} ms",
+            q(0.5),
+            q(0.99),
+            v[v.len() - 1]
+        )
+    }
+}
+
+impl FrameStats {
+    fn record(&mut self, streaming: bool, draw_ms: f64, key_ms: Option<f64>) {
+        let g = &mut self.groups[streaming as usize];
+        g.frames += 1;
+        g.draw_ms.push(draw_ms);
+        if let Some(k) = key_ms {
+            g.key_ms.push(k);
+        }
+    }
+
+    fn summary(&self) -> String {
+        let [idle, busy] = &self.groups;
+        let part = |name: &str, g: &FrameGroup| {
+            format!(
+                "{name}: {} frames, draw {}, key to frame ({} keys) {}",
+                g.frames,
+                g.draw_ms.describe(),
+                g.key_ms.values.len(),
+                g.key_ms.describe()
+            )
+        };
+        format!(
+            "frame times · {} · {}",
+            part("idle", idle),
+            part("while an answer streamed", busy)
+        )
+    }
+}
+
+#[cfg(test)]
+mod frame_stats_tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_splits_idle_and_streaming_frames_and_ranks_quantiles() {
+        let mut s = FrameStats::default();
+        for i in 1..=100 {
+            s.record(false, i as f64, (i % 2 == 0).then_some(i as f64 + 0.5));
+        }
+        s.record(true, 7.0, Some(9.0));
+        let text = s.summary();
+        assert_eq!(
+            text,
+            "frame times · idle: 100 frames, draw median 50.00, p99 99.00, max 100.00 ms, \
+             key to frame (50 keys) median 50.50, p99 100.50, max 100.50 ms · \
+             while an answer streamed: 1 frames, draw median 7.00, p99 7.00, max 7.00 ms, \
+             key to frame (1 keys) median 9.00, p99 9.00, max 9.00 ms"
+        );
+        assert!(FrameStats::default()
+            .summary()
+            .contains("0 frames, draw none"));
+    }
+
+    #[test]
+    fn samples_keep_the_last_cap_values() {
+        let mut s = Samples::default();
+        for i in 0..Samples::CAP + 10 {
+            s.push(i as f64);
+        }
+        assert_eq!(s.values.len(), Samples::CAP);
+        assert!(s
+            .describe()
+            .ends_with(&format!("max {}.00 ms", Samples::CAP + 9)));
+        assert!(!s.values.contains(&0.0) && s.values.contains(&10.0));
+    }
 }

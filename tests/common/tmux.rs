@@ -74,6 +74,25 @@ impl Session {
         }
     }
 
+    /// Sends `key` once every `interval` while `more()` holds, at most `max` times; the
+    /// count sent.
+    pub fn key_stream(
+        &self,
+        key: &str,
+        interval: Duration,
+        max: usize,
+        more: impl Fn() -> bool,
+    ) -> usize {
+        let mut sent = 0;
+        while sent < max && more() {
+            let o = tmux(&["send-keys", "-t", &self.target(), key]);
+            assert!(o.status.success(), "send-keys {key}");
+            sent += 1;
+            std::thread::sleep(interval);
+        }
+        sent
+    }
+
     pub fn literal(&self, text: &str) {
         let o = tmux(&["send-keys", "-t", &self.target(), "-l", text]);
         assert!(o.status.success());

@@ -111,6 +111,10 @@ pub struct RenderOptions {
     pub bos_token: Option<String>,
     /// The tokenizer's EOS token text; undefined when `None`.
     pub eos_token: Option<String>,
+    /// A smaller work budget than [`fuel_budget`] gives (never a larger one): the fuzz
+    /// target renders thousands of hostile templates a second under a small cap, so one
+    /// that loops spends a few milliseconds, not the production budget's hundreds.
+    pub fuel_cap: Option<u64>,
 }
 
 /// A compiled chat template.
@@ -271,7 +275,8 @@ impl ChatTemplate {
         // The budget scales with the input: a copy of the environment carries it.
         let input = json_len(&ctx);
         let count = messages.as_array().map_or(0, Vec::len);
-        let budget = fuel_budget(count, input);
+        let full = fuel_budget(count, input);
+        let budget = full.min(opts.fuel_cap.unwrap_or(u64::MAX));
         let mut env = self.env.clone();
         env.set_fuel(Some(budget));
         let tmpl = env
@@ -290,7 +295,7 @@ impl ChatTemplate {
                     "the prompt would exceed MAX_OUTPUT_BYTES ({MAX_OUTPUT_BYTES} bytes)"
                 )))
             }
-            Err(e) => return Err(classify(&e, budget, count, input)),
+            Err(e) => return Err(classify(&e, budget, budget < full, count, input)),
         };
         // minijinja writes whole `str`s, so the bytes are UTF-8.
         let text = String::from_utf8(out.buf)
@@ -312,7 +317,7 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
 
 /// A rendering's error as a [`ChatError`]: the template's own refusal, a bound passed, or
 /// any other failure.
-fn classify(e: &Error, budget: u64, messages: usize, input: usize) -> ChatError {
+fn classify(e: &Error, budget: u64, capped: bool, messages: usize, input: usize) -> ChatError {
     if let Some(msg) = raised(e) {
         return ChatError::Raised(msg);
     }
@@ -325,6 +330,12 @@ fn classify(e: &Error, budget: u64, messages: usize, input: usize) -> ChatError 
             .downcast_ref::<Error>()
             .is_some_and(|m| m.kind() == ErrorKind::OutOfFuel)
         {
+            if capped {
+                return ChatError::Limit(format!(
+                    "the template used up its fuel: {budget} units of work (instructions, \
+                     64-byte blocks of data), the cap this rendering was given"
+                ));
+            }
             return ChatError::Limit(format!(
                 "the template used up its fuel: {budget} units of work (instructions, 64-byte \
                  blocks of data) = FUEL {FUEL} + FUEL_PER_MESSAGE {FUEL_PER_MESSAGE} × \
@@ -877,6 +888,41 @@ mod tests {
         }
         m.truncate(n);
         serde_json::Value::Array(m)
+    }
+
+    /// `fuel_cap` lowers the budget (a loop the full budget finishes stops as a limit) and
+    /// never raises it; a short conversation on a fixture template fits a small cap.
+    #[test]
+    fn a_fuel_cap_lowers_the_budget_only() {
+        let msgs = json!([{"role": "user", "content": "hi"}]);
+        let looping = ChatTemplate::new(
+            "{% for i in range(3000) %}{% for j in range(10) %}.{% endfor %}{% endfor %}",
+        )
+        .unwrap();
+        let capped = |cap| RenderOptions {
+            fuel_cap: Some(cap),
+            ..Default::default()
+        };
+        let (out, used) = looping
+            .render_metered(&msgs, &RenderOptions::default())
+            .unwrap();
+        assert_eq!(out.len(), 30_000);
+        assert!(used > 30_000, "{used}");
+        match looping.render(&msgs, &capped(used / 2)) {
+            Err(ChatError::Limit(m)) => assert!(m.contains("the cap this rendering"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(looping.render(&msgs, &capped(u64::MAX)).unwrap(), out);
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/chat");
+        let qwen3 =
+            ChatTemplate::new(&std::fs::read_to_string(dir.join("qwen3.jinja")).unwrap()).unwrap();
+        let conv = long_conversation(6, 40);
+        let (_, used) = qwen3
+            .render_metered(&conv, &RenderOptions::default())
+            .unwrap();
+        assert!(used < 6_000, "{used}");
+        qwen3.render(&conv, &capped(60_000)).unwrap();
     }
 
     /// The fuel the real templates use, against the budget: the base alone leaves a 10×
