@@ -31,6 +31,14 @@ fn smollm2(dir: &std::path::Path) -> std::path::PathBuf {
     model
 }
 
+/// The key-to-frame times (ms) of the workbench's log, in order.
+fn key_to_frame_ms(log: &str) -> Vec<f64> {
+    log.lines()
+        .filter_map(|l| l.split("key to frame ").nth(1))
+        .filter_map(|r| r.split(" ms").next()?.parse().ok())
+        .collect()
+}
+
 #[test]
 fn chat_with_smollm2_in_a_real_terminal() {
     let dir = tempfile::tempdir().unwrap();
@@ -82,11 +90,7 @@ fn chat_with_smollm2_in_a_real_terminal() {
 
     // How fast keys reached the screen while answers streamed (DESIGN: under 50 ms).
     let log = std::fs::read_to_string(&log).unwrap();
-    let frames: Vec<f64> = log
-        .lines()
-        .filter_map(|l| l.split("key to frame ").nth(1))
-        .filter_map(|r| r.split(" ms").next()?.parse().ok())
-        .collect();
+    let frames = key_to_frame_ms(&log);
     assert!(
         frames.len() >= 5,
         "the log records key-to-frame times:\n{log}"
@@ -107,10 +111,11 @@ fn chat_with_smollm2_in_a_real_terminal() {
 
 /// Frame time under load, in a real terminal: a file of 10⁵ tensors (SmolLM2's, which the
 /// chat runs, and 99 7xx small ones), its Tensors view scrolled key by key idle, then again
-/// while a long answer streams in the chat (stopped with Ctrl-C after the keys). The frame-time summary the workbench logs at exit
-/// is printed (`--nocapture`); the test checks that every key moved the cursor, that frames
-/// were drawn while the answer streamed and that the answer ended well. It asserts no
-/// timing: this machine is shared and noisy.
+/// while a long answer streams in the chat (stopped with Ctrl-C after the keys). The
+/// frame-time summary the workbench logs at exit is printed (`--nocapture`); the test
+/// checks that every key moved the cursor, that frames were drawn while the answer
+/// streamed and that the answer ended well. It asserts no timing: this machine is shared
+/// and noisy.
 #[test]
 fn scrolling_a_hundred_thousand_tensors_while_smollm2_answers() {
     use cortiq_engine::format::writer::{self, TensorPlan};
@@ -128,13 +133,10 @@ fn scrolling_a_hundred_thousand_tensors_while_smollm2_answers() {
             shape: vec![1 + (k as u64 % 7)],
         });
     }
-    let mut payloads: Vec<Vec<u8>> = src
-        .directory
-        .iter()
-        .map(|e| src.tensor_bytes(e).to_vec())
-        .collect();
-    payloads.extend((0..extra).map(|k| vec![k as u8; 2 * (1 + k % 7)]));
-    writer::write_file(&model, spec, payloads.iter().map(|p| p.as_slice())).unwrap();
+    let extras: Vec<Vec<u8>> = (0..extra).map(|k| vec![k as u8; 2 * (1 + k % 7)]).collect();
+    let payloads =
+        (src.directory.iter().map(|e| src.tensor_bytes(e))).chain(extras.iter().map(Vec::as_slice));
+    writer::write_file(&model, spec, payloads).unwrap();
 
     let log = dir.path().join("cortiq.log");
     let s = Session::start("cortiq-chat-load-e2e", &model, &log);
@@ -195,12 +197,7 @@ fn scrolling_a_hundred_thousand_tensors_while_smollm2_answers() {
         .find(|l| l.contains("frame times ·"))
         .unwrap_or_else(|| panic!("no frame-time summary in the log:\n{text}"));
     // The slowest keys, by their place in the run (the first is the switch to the view).
-    let mut keys: Vec<(usize, f64)> = text
-        .lines()
-        .filter_map(|l| l.split("key to frame ").nth(1))
-        .filter_map(|r| r.split(" ms").next()?.parse().ok())
-        .enumerate()
-        .collect();
+    let mut keys: Vec<(usize, f64)> = key_to_frame_ms(&text).into_iter().enumerate().collect();
     keys.sort_by(|a, b| b.1.total_cmp(&a.1));
     keys.truncate(3);
     eprintln!(

@@ -3,8 +3,9 @@
 //! with an error; never a panic, a hang or unbounded memory (the fuel and size limits of
 //! `chat::template` bound them), and a prompt never exceeds `MAX_OUTPUT_BYTES`. Renders
 //! run under a fuel cap of [`FUEL_CAP`] (a real template spends about 76 fuel per message
-//! and 0.09 per byte of input, as measured for `FUEL`: under a thousand here), so that a looping template costs milliseconds, not the
-//! production budget's hundreds; the same limits and error paths are taken.
+//! and 0.09 per byte of input, as measured for `FUEL`: under a thousand here), so that a
+//! looping template costs milliseconds, not the production budget's hundreds; the same
+//! limits and error paths are taken.
 #![no_main]
 
 use std::sync::OnceLock;
