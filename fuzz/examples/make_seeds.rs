@@ -21,7 +21,10 @@ struct Lcg(u64);
 
 impl Lcg {
     fn next(&mut self) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 }
@@ -94,7 +97,15 @@ fn masks_skills(fx: &Path, out: &Path) {
 
 /// `[dtype][flags][acts][dims][payload]` for every writable dtype and several shapes.
 fn quant_kernels(out: &Path) {
-    let shapes: [&[u64]; 7] = [&[4, 64], &[3, 32], &[5, 40], &[70], &[2, 3, 32], &[], &[9, 96]];
+    let shapes: [&[u64]; 7] = [
+        &[4, 64],
+        &[3, 32],
+        &[5, 40],
+        &[70],
+        &[2, 3, 32],
+        &[],
+        &[9, 96],
+    ];
     let mut rng = Lcg(7);
     for dtype in cortiq_engine::format::dtype::WRITABLE {
         for (si, shape) in shapes.iter().enumerate() {
@@ -130,14 +141,17 @@ fn quant_kernels(out: &Path) {
 /// `half` f16): the importer sees every family's names and config.
 fn hf_checkpoint(fx: &Path, family: &str, layer: usize, half: &str) -> Option<Vec<(u8, Vec<u8>)>> {
     let dir = fx.join("hf").join(family);
-    let mut cfg: Value = serde_json::from_slice(&std::fs::read(dir.join("config.json")).ok()?).ok()?;
+    let mut cfg: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).ok()?).ok()?;
     let st = std::fs::read(dir.join("model.safetensors")).ok()?;
     let n = u64::from_le_bytes(st[..8].try_into().unwrap()) as usize;
     let head: Map<String, Value> = serde_json::from_slice(&st[8..8 + n]).ok()?;
     let c = cfg.as_object_mut()?;
     let vocab = c["vocab_size"].as_u64()?;
     let inter = c["intermediate_size"].as_u64()?;
-    let shared = c.get("shared_expert_intermediate_size").and_then(Value::as_u64);
+    let shared = c
+        .get("shared_expert_intermediate_size")
+        .and_then(Value::as_u64);
     c.insert("num_hidden_layers".into(), json!(1));
     c.insert("vocab_size".into(), json!(32));
     c.insert("intermediate_size".into(), json!(32));
@@ -253,7 +267,11 @@ fn import_hf(fx: &Path, out: &Path) {
         }
         if i == 0 {
             // The tokenizer files the bundle reads (no tokenizer.json: too large).
-            for (idx, name) in [(5u8, "tokenizer_config.json"), (6, "generation_config.json"), (7, "chat_template.jinja")] {
+            for (idx, name) in [
+                (5u8, "tokenizer_config.json"),
+                (6, "generation_config.json"),
+                (7, "chat_template.jinja"),
+            ] {
                 if let Ok(b) = std::fs::read(fx.join("hf/llama").join(name)) {
                     record(&mut seed, &(idx, b));
                 }
@@ -299,11 +317,23 @@ fn open_verify(out: &Path, tmp: &Path) {
         dv: 32,
         kernel: 2,
     };
-    for (i, dtype) in [DType::Q4Block, DType::Q1t, DType::Vbit, DType::Q1].into_iter().enumerate() {
+    for (i, dtype) in [DType::Q4Block, DType::Q1t, DType::Vbit, DType::Q1]
+        .into_iter()
+        .enumerate()
+    {
         let layers = vec![TinyLayer {
-            mixer: if i % 2 == 0 { TinyMixer::Attention { gated: i == 2 } } else { gdn.clone() },
+            mixer: if i % 2 == 0 {
+                TinyMixer::Attention { gated: i == 2 }
+            } else {
+                gdn.clone()
+            },
             ff: if i >= 2 {
-                TinyFf::Moe { experts: 3, top_k: 2, intermediate: 32, shared: Some(32) }
+                TinyFf::Moe {
+                    experts: 3,
+                    top_k: 2,
+                    intermediate: 32,
+                    shared: Some(32),
+                }
             } else {
                 TinyFf::Dense { intermediate: 64 }
             },
@@ -330,7 +360,11 @@ fn open_verify(out: &Path, tmp: &Path) {
 /// `[base][run]` with no patch and with one small patch in each region.
 fn forward(out: &Path) {
     for base in 0u8..10 {
-        put(out, &format!("base{base}"), &[base, (base % 3) | 4 | 8 | 16 | 32]);
+        put(
+            out,
+            &format!("base{base}"),
+            &[base, (base % 3) | 4 | 8 | 16 | 32],
+        );
         let mut patched = vec![base, base % 3 | 8];
         patched.extend_from_slice(&[0, 0x10, 0x02, 0, 0, 4, 0x00, 0x00, 0xc0, 0x7f]);
         put(out, &format!("base{base}-data"), &patched);
@@ -354,10 +388,18 @@ fn main() {
     chat_template(&fx, &seeds.join("chat_template"));
     open_verify(&seeds.join("open_verify"), tmp.path());
     forward(&seeds.join("forward"));
-    for t in ["masks_skills", "quant_kernels", "import_hf", "chat_template", "open_verify", "forward"] {
+    for t in [
+        "masks_skills",
+        "quant_kernels",
+        "import_hf",
+        "chat_template",
+        "open_verify",
+        "forward",
+    ] {
         let dir = seeds.join(t);
         let (n, bytes) = std::fs::read_dir(&dir).map_or((0, 0), |d| {
-            d.flatten().fold((0, 0), |(n, b), e| (n + 1, b + e.metadata().unwrap().len()))
+            d.flatten()
+                .fold((0, 0), |(n, b), e| (n + 1, b + e.metadata().unwrap().len()))
         });
         println!("{}: {n} seeds, {bytes} bytes", dir.display());
     }

@@ -185,7 +185,11 @@ fuzz_target!(|data: &[u8]| {
     }
     let vocab = model.config.vocab as u32;
     let tokens = [1 % vocab.max(1), 7 % vocab.max(1), 200 % vocab.max(1)];
-    let logits = if run & 4 != 0 { Logits::All } else { Logits::Last };
+    let logits = if run & 4 != 0 {
+        Logits::All
+    } else {
+        Logits::Last
+    };
     if model
         .forward(&tokens, &mut state, &mut ws, logits, None)
         .is_err()

@@ -7,7 +7,9 @@ use cortiq_engine::format::CmfFile;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(f) = CmfFile::from_bytes(data.to_vec()) else { return };
+    let Ok(f) = CmfFile::from_bytes(data.to_vec()) else {
+        return;
+    };
     for i in 0..f.masks.as_ref().map_or(0, |m| m.len()) {
         let v = f.mask_view(i).unwrap();
         for visit in 0..v.layout.visits {

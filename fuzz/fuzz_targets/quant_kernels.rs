@@ -119,12 +119,23 @@ fn products(m: &Matrix, bytes: &[u8], inp: &Input) {
         matvec_with(&m, bytes, &x[..cols], &mut y1, inp.precision);
         matvec_rows_with(&m, bytes, &x[..cols], &sel, &mut ys, inp.precision);
         for (i, &r) in sel.iter().enumerate() {
-            assert!(same(ys[i], y1[r as usize]), "row {r}: selected {} vs {}", ys[i], y1[r as usize]);
+            assert!(
+                same(ys[i], y1[r as usize]),
+                "row {r}: selected {} vs {}",
+                ys[i],
+                y1[r as usize]
+            );
         }
         matmul_with(&m, bytes, &x, t, &mut yt, inp.precision);
         for j in 0..t {
             let mut yj = vec![0f32; rows];
-            matvec_with(&m, bytes, &x[j * cols..(j + 1) * cols], &mut yj, inp.precision);
+            matvec_with(
+                &m,
+                bytes,
+                &x[j * cols..(j + 1) * cols],
+                &mut yj,
+                inp.precision,
+            );
             for r in 0..rows {
                 assert!(
                     same(yt[j * rows + r], yj[r]),
@@ -143,7 +154,11 @@ fuzz_target!(|data: &[u8]| {
     let v = validate(dtype, shape, bytes);
     assert_eq!(v.is_ok(), payload_check(dtype, shape, bytes).is_ok());
     let decoded = decode(dtype, shape, bytes);
-    assert_eq!(decoded.is_ok(), v.is_ok(), "decode vs validate: {decoded:?} {v:?}");
+    assert_eq!(
+        decoded.is_ok(),
+        v.is_ok(),
+        "decode vs validate: {decoded:?} {v:?}"
+    );
     if let Ok(values) = &decoded {
         let g = geometry(dtype, shape).unwrap();
         assert_eq!(values.len(), g.numel);
