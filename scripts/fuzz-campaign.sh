@@ -33,15 +33,16 @@ ALL="open_verify masks_skills quant_kernels import_gguf import_hf chat_template 
 if [ "${TOTALS:-0}" = 1 ]; then
   echo "| target | executions (address) | executions (none) | executions in all | crashes | to 10^7 |"
   echo "|---|---|---|---|---|---|"
-  for t in $ALL; do
-    awk -F'\t' -v t="$t" '
-      $3 == t { all += $5; by[$4] += $5; crashes += $8 }
-      END {
-        left = 10000000 - all; if (left < 0) left = 0
-        printf "| %s | %d | %d | %d | %d | %s |\n", t, by["address"], by["none"], all, crashes,
-          left == 0 ? "done" : sprintf("%d left", left)
-      }' "$LEDGER"
-  done
+  awk -F'\t' -v all="$ALL" '
+    NR > 1 { sum[$3] += $5; by[$3, $4] += $5; crashes[$3] += $8 }
+    END {
+      n = split(all, ts, " ")
+      for (i = 1; i <= n; i++) {
+        t = ts[i]; left = 10000000 - sum[t]
+        printf "| %s | %d | %d | %d | %d | %s |\n", t, by[t, "address"], by[t, "none"], sum[t],
+          crashes[t], left <= 0 ? "done" : sprintf("%d left", left)
+      }
+    }' "$LEDGER"
   exit 0
 fi
 
