@@ -1,8 +1,9 @@
 //! Weight-streaming speed of the products of `quant::matrix`, per hot dtype: `matvec` of a
 //! 2048×2048 matrix (decode of one token) on 1 and 2 threads, and `matmul` of 64 tokens
-//! (prefill) on 2 threads; for the dtypes with an integer kernel, the same with
-//! `Precision::Fast` (quantized activations). Throughput is in bytes of stored weights per
-//! second, the figure that bounds decode speed (a matvec reads every weight byte once).
+//! (prefill) on 2 threads, all at `Precision::Exact`; for the dtypes with an integer kernel,
+//! the same at `Precision::Balanced` (the default) and `Precision::Fast` (quantized
+//! activations). Throughput is in bytes of stored weights per second, the figure that
+//! bounds decode speed (a matvec reads every weight byte once).
 //! The matrix stays in the last-level cache between iterations (a warm-cache figure).
 //!
 //! `CORTIQ_BENCH_SHAPE=4864x896` benchmarks another shape (e.g. Qwen2.5-0.5B's MLP).
@@ -23,7 +24,7 @@ const HOT: [DType; 8] = [
     DType::Q4tp,
 ];
 
-/// Dtypes with an integer kernel for `Precision::Fast`.
+/// Dtypes with an integer kernel for `Precision::Balanced` and `Precision::Fast`.
 const FAST: [DType; 5] = [
     DType::Q8Row,
     DType::Q4Block,
@@ -90,23 +91,27 @@ fn benches(c: &mut Criterion) {
             |b| pool.install(|| b.iter(|| matmul(&m, black_box(&bytes), &x, t, &mut y))),
         );
         if FAST.contains(&dtype) {
-            for (n, pool) in &pools {
-                g.bench_function(BenchmarkId::new("matvec fast", format!("{n}T")), |b| {
-                    pool.install(|| {
-                        b.iter(|| {
-                            let (x, y) = (&x[..cols], &mut y[..rows]);
-                            matvec_with(&m, black_box(&bytes), x, y, Precision::Fast)
-                        })
-                    })
+            for p in [Precision::Balanced, Precision::Fast] {
+                let name = p.name();
+                for (n, pool) in &pools {
+                    g.bench_function(
+                        BenchmarkId::new(format!("matvec {name}"), format!("{n}T")),
+                        |b| {
+                            pool.install(|| {
+                                b.iter(|| {
+                                    let (x, y) = (&x[..cols], &mut y[..rows]);
+                                    matvec_with(&m, black_box(&bytes), x, y, p)
+                                })
+                            })
+                        },
+                    );
+                }
+                let (n, pool) = &pools[1];
+                let id = BenchmarkId::new(format!("matmul {name} t={t}"), format!("{n}T"));
+                g.bench_function(id, |b| {
+                    pool.install(|| b.iter(|| matmul_with(&m, black_box(&bytes), &x, t, &mut y, p)))
                 });
             }
-            let (n, pool) = &pools[1];
-            let id = BenchmarkId::new(format!("matmul fast t={t}"), format!("{n}T"));
-            g.bench_function(id, |b| {
-                pool.install(|| {
-                    b.iter(|| matmul_with(&m, black_box(&bytes), &x, t, &mut y, Precision::Fast))
-                })
-            });
         }
         g.finish();
     }
