@@ -201,6 +201,7 @@ impl ChatTemplate {
         });
         env.add_filter("tojson", tojson);
         env.add_filter("string", |v: &Value| py_str_bounded(v));
+        env.add_filter("format", format_filter);
         env.add_function("range", range);
         env.add_function(
             "raise_exception",
@@ -418,9 +419,83 @@ fn python_method(
     args: &[Value],
 ) -> Result<Value, Error> {
     if let (Some(fmt), "format") = (value.as_str(), method) {
+        check_format_keys(fmt, FormatStyle::StrFormat)?;
         check_str_format(fmt, args)?;
     }
     minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
+/// The builtin `format` filter (printf style, `'%(name)s' | format(...)`) behind
+/// [`check_format_keys`].
+fn format_filter(
+    state: &mut minijinja::State,
+    fmt: &Value,
+    args: minijinja::value::Rest<minijinja::value::ValueOrKwargs>,
+) -> Result<Value, Error> {
+    if let Some(s) = fmt.as_str() {
+        check_format_keys(s, FormatStyle::Printf)?;
+    }
+    minijinja::filters::format(state, fmt, args)
+}
+
+/// The two format-string syntaxes minijinja parses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FormatStyle {
+    /// `str.format`: `{name.attr[key]:spec}`, `{{` escapes a brace.
+    StrFormat,
+    /// The `format` filter: `%(key)s`, `%%` escapes a percent sign.
+    Printf,
+}
+
+/// Refuses a format string with a key that is not ASCII (`{name[ключ]}` of `str.format`,
+/// `%(ключ)s` of the `format` filter). minijinja 3.1's format parser steps through a key
+/// one byte at a time and panics inside a multi-byte character (found by the
+/// `chat_template` fuzz target). The scan reads every key the parser can reach, and
+/// possibly a few it would not (after a field it already refuses); a key names an
+/// argument or an item of one, and no real template formats with a key that is not ASCII.
+fn check_format_keys(fmt: &str, style: FormatStyle) -> Result<(), Error> {
+    let b = fmt.as_bytes();
+    // Index past the key starting at `from` and its closing `delim` (the end when none).
+    let key_end = |from: usize, delim: u8| -> Result<usize, Error> {
+        let len = b[from..]
+            .iter()
+            .position(|&c| c == delim)
+            .unwrap_or(b.len() - from);
+        if !b[from..from + len].is_ascii() {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!(
+                    "format key at offset {} is not ASCII (only ASCII keys are supported)",
+                    from
+                ),
+            ));
+        }
+        Ok((from + len + 1).min(b.len()))
+    };
+    let name_char = |c: &u8| c.is_ascii_alphanumeric() || *c == b'_';
+    let skip_name = |from: usize| from + b[from..].iter().take_while(|c| name_char(c)).count();
+    let mut i = 0;
+    while i < b.len() {
+        match (style, b[i], b.get(i + 1)) {
+            (FormatStyle::StrFormat, b'{', Some(b'{'))
+            | (FormatStyle::Printf, b'%', Some(b'%')) => i += 2,
+            (FormatStyle::StrFormat, b'{', _) => {
+                // A field name (a number or an identifier), then `.attr` and `[key]` parts.
+                let name = i + 1;
+                i = skip_name(name);
+                while i > name && i < b.len() {
+                    match b[i] {
+                        b'.' => i = skip_name(i + 1),
+                        b'[' => i = key_end(i + 1, b']')?,
+                        _ => break,
+                    }
+                }
+            }
+            (FormatStyle::Printf, b'%', Some(b'(')) => i = key_end(i + 2, b')')?,
+            _ => i += 1,
+        }
+    }
+    Ok(())
 }
 
 /// An upper bound on what `fmt.format(*args)` makes: the format string, every argument's
@@ -847,6 +922,34 @@ mod tests {
             &RenderOptions::default(),
         );
         assert_eq!(out, "FINAL;4");
+    }
+
+    #[test]
+    fn format_keys_that_are_not_ascii_are_an_error_and_ascii_ones_work() {
+        let opts = RenderOptions::default();
+        let msgs = json!([]);
+        // minijinja 3.1 panics on these (a byte step inside a multi-byte character).
+        for src in [
+            "{{ '{a[é]}'.format(a={'é': 1}) }}",
+            "{{ '{0[ü]}'.format([1]) }}",
+            "{{ '{a.b[x}é]'.format(a=1) }}",
+            "{{ '%(ключ)s' | format(ключ=1) }}",
+            "{{ 'x %(a\u{fffd}' | format(a=1) }}",
+        ] {
+            match ChatTemplate::new(src).unwrap().render(&msgs, &opts) {
+                Err(ChatError::Render(m)) => assert!(m.contains("not ASCII"), "{src}: {m}"),
+                other => panic!("{src}: {other:?}"),
+            }
+        }
+        // ASCII keys, escapes, and non-ASCII text outside keys are untouched.
+        for (src, want) in [
+            ("{{ '{a[k]}é{{[é]}}'.format(a={'k': 1}) }}", "1é{[é]}"),
+            ("{{ '{0}[é]'.format(2) }}", "2[é]"),
+            ("{{ '%(k)s ü %%(é)' | format(k=3) }}", "3 ü %(é)"),
+            ("{{ 'ü%sö' | format(4) }}", "ü4ö"),
+        ] {
+            assert_eq!(render(src, msgs.clone(), &opts), want, "{src}");
+        }
     }
 
     #[test]
