@@ -8,7 +8,8 @@
 # Every run is appended to the ledger fuzz/campaigns.tsv (date, commit, target, sanitizer,
 # executions, seconds, executions/s, crashes, inputs replayed under ASan), so that a campaign
 # of 10^7 executions can be run in parts across machines and sessions; `TOTALS=1` prints each
-# target's sum and stops.
+# target's sum and stops. A crash restarts the count: what the goal counts is the executions
+# since a target's last crash (the runs after its fix).
 #
 # Knobs (environment):
 #   TARGETS    the targets (default: all seven)
@@ -22,7 +23,8 @@
 #              ASan build in fuzz/target.
 #   MERGE=1    merge what a campaign found into fuzz/corpus/<target>, minimized (default:
 #              the new inputs stay in a scratch directory, printed)
-#   TOTALS=1   print the ledger's sum per target and sanitizer, run nothing
+#   TOTALS=1   print the ledger's sums per target and sanitizer, and the executions since
+#              each target's last crash, run nothing
 # Needs cargo-fuzz (`cargo install cargo-fuzz`); RUSTC_BOOTSTRAP=1 gives it the nightly
 # features on the stable toolchain.
 set -euo pipefail
@@ -31,16 +33,20 @@ LEDGER=campaigns.tsv
 ALL="open_verify masks_skills quant_kernels import_gguf import_hf chat_template forward"
 
 if [ "${TOTALS:-0}" = 1 ]; then
-  echo "| target | executions (address) | executions (none) | executions in all | crashes | to 10^7 |"
-  echo "|---|---|---|---|---|---|"
+  echo "| target | executions (address) | executions (none) | executions in all | crashes | since the last crash | to 10^7 |"
+  echo "|---|---|---|---|---|---|---|"
   awk -F'\t' -v all="$ALL" '
-    NR > 1 { sum[$3] += $5; by[$3, $4] += $5; crashes[$3] += $8 }
+    NR > 1 {
+      sum[$3] += $5; by[$3, $4] += $5; crashes[$3] += $8
+      # Rows are in the order they ran; a run that crashed counts for nothing after it.
+      since[$3] = $8 > 0 ? 0 : since[$3] + $5
+    }
     END {
       n = split(all, ts, " ")
       for (i = 1; i <= n; i++) {
-        t = ts[i]; left = 10000000 - sum[t]
-        printf "| %s | %d | %d | %d | %d | %s |\n", t, by[t, "address"], by[t, "none"], sum[t],
-          crashes[t], left <= 0 ? "done" : sprintf("%d left", left)
+        t = ts[i]; left = 10000000 - since[t]
+        printf "| %s | %d | %d | %d | %d | %d | %s |\n", t, by[t, "address"], by[t, "none"],
+          sum[t], crashes[t], since[t], left <= 0 ? "done" : sprintf("%d left", left)
       }
     }' "$LEDGER"
   exit 0
