@@ -34,7 +34,7 @@ pub struct ModelArgs {
     pub verify_on_load: bool,
     /// Activations of the weight products: `balanced` (the default: activations per
     /// token in two int8 levels, the codes and their residual, an int16 code, into the
-    /// integer kernels of q8/q4 weights; within DESIGN.md's contract), `exact` (f32
+    /// integer kernels of q8/q4/vbit/q1t weights; within DESIGN.md's contract), `exact` (f32
     /// activations: DESIGN.md's parity path) or `fast` (one int8 level per group of 32;
     /// the least work, but models with strong activation outliers such as SmolLM2 drift:
     /// see README.md).

@@ -441,7 +441,7 @@ impl Model {
     }
 
     /// Sets how every weight product takes its activations: [`Precision::Balanced`] (the
-    /// default; two int8 levels per group of 32 for the integer kernels of q8/q4 dtypes),
+    /// default; two int8 levels for the integer kernels of q8/q4/vbit/q1t dtypes),
     /// [`Precision::Exact`] (f32, the parity path) or [`Precision::Fast`] (one int8
     /// level).
     /// The precision set by [`Model::set_precision`].

@@ -331,12 +331,14 @@ fn q1s_duplicate_overlay_entries_later_wins_in_products() {
 }
 
 /// Dtypes with an integer (`Fast`) kernel.
-const FAST: [DType; 5] = [
+const FAST: [DType; 7] = [
     DType::Q8Row,
     DType::Q8_2f,
     DType::Q4Block,
     DType::Q4Tiled,
     DType::Q4tp,
+    DType::Vbit,
+    DType::VbitRo,
 ];
 
 /// What the `Fast` path multiplies: weights `w'` and activations `v` with `Σ w'·v` the
@@ -590,7 +592,7 @@ fn int_paths_fall_back_to_exact_without_an_integer_kernel() {
     for dtype in [
         DType::F32,
         DType::Bf16,
-        DType::Vbit,
+        DType::Q1,
         DType::Q1s,
         DType::Q4Block,
     ] {
@@ -766,6 +768,74 @@ fn q4_prefill_agrees_with_its_matvecs_and_the_scalar_reference() {
                             let got = yp[j * subset.len() + s];
                             assert_eq!(got.to_bits(), y[e].to_bits(), "{what}: a subset of rows");
                         }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `vbit` payloads built by hand ([`super::vbit_kernel::hostile_payload`]: every width,
+/// codes over the whole range, the 8-bit `u = 255` the encoder never writes): every
+/// precision and kernel against the exact product of the decoded weights, the SIMD
+/// kernels against the scalar one, and `matmul` against its `matvec`s bit for bit.
+#[test]
+fn vbit_products_on_every_width_and_code() {
+    for dtype in [DType::Vbit, DType::VbitRo] {
+        for (si, &(rows, cols)) in [(5usize, 32usize), (9, 96), (13, 160), (7, 2080)]
+            .iter()
+            .enumerate()
+        {
+            let shape = [rows as u64, cols as u64];
+            let bytes = super::vbit_kernel::hostile_payload(dtype, rows, cols, 50 + si as u64);
+            let w = decode(dtype, &shape, &bytes).unwrap();
+            let t = 3;
+            let x = activations(t * cols, 60 + si as u64);
+            let scalar = {
+                let mut m = Matrix::new(dtype, &shape, &bytes).unwrap();
+                m.set_kernel(Kernel::Scalar).unwrap();
+                m
+            };
+            for p in Precision::ALL {
+                let want = match p {
+                    Precision::Exact => reference(&w, rows, cols, &x, t),
+                    _ => int_bound(&w, rows, cols, &x, t, p),
+                };
+                let mut ys = vec![f32::NAN; t * rows];
+                matmul_with(&scalar, &bytes, &x, t, &mut ys, p);
+                for k in Kernel::available() {
+                    let mut m = scalar.clone();
+                    m.set_kernel(k).unwrap();
+                    let mut y = vec![f32::NAN; t * rows];
+                    matmul_with(&m, &bytes, &x, t, &mut y, p);
+                    let what = format!("{dtype} {shape:?} {p:?} {k:?}");
+                    if p == Precision::Exact {
+                        check(&what, &y, &want, cols).unwrap();
+                    } else {
+                        for (e, (&yv, &(exact, b))) in y.iter().zip(&want).enumerate() {
+                            let err = (yv as f64 - exact).abs();
+                            assert!(
+                                err <= b,
+                                "{what} entry {e}: {yv} vs {exact} ({err:e} > {b:e})"
+                            );
+                            // The same exact integer group sums as the scalar kernel, in
+                            // another f32 order.
+                            let tol = 2.0 * tolerance(cols / 32 + 8, 4.0 * (b + exact.abs()));
+                            assert!(
+                                (yv as f64 - ys[e] as f64).abs() <= tol,
+                                "{what} entry {e}: {yv} vs scalar {}",
+                                ys[e]
+                            );
+                        }
+                    }
+                    for i in 0..t {
+                        let mut yi = vec![f32::NAN; rows];
+                        matvec_with(&m, &bytes, &x[i * cols..(i + 1) * cols], &mut yi, p);
+                        assert_eq!(
+                            bits(&y[i * rows..(i + 1) * rows]),
+                            bits(&yi),
+                            "{what} token {i}"
+                        );
                     }
                 }
             }

@@ -13,19 +13,19 @@
 //! `W` is `[rows = out, cols = in]` as everywhere in CMF.
 //!
 //! How: the fused kernels of the family modules (`f32`, `f16`, `bf16`, `q8_row`, `q8_2f`,
-//! `q4_block`, `q4_tiled`, `q4tp`; see [`super::kernel`]) decode 32 weights at a time in
-//! registers; `q1t` has kernels of its own ([`super::q1t_kernel`]). The other layouts
-//! (`vbit`, `vbit_ro`, `q1`, `q1s`, and `q4_block` /
-//! `q4_tiled` when `cols % 32 != 0`) decode a row into a per-thread scratch buffer (grown
-//! once, never per call) and run the `f32` kernel over it; `vbit` row starts and the `q1s`
-//! overlay rows are indexed once by [`Matrix::new`], so every row costs O(row).
+//! `q4_block`, `q4_tiled`, `q4tp`, `vbit`, `vbit_ro`; see [`super::kernel`]) decode 32
+//! weights at a time in registers; `q1t` has kernels of its own ([`super::q1t_kernel`]).
+//! The other layouts (`q1`, `q1s`, and `q4_block` / `q4_tiled` when `cols % 32 != 0`)
+//! decode a row into a per-thread scratch buffer (grown once, never per call) and run the
+//! `f32` kernel over it; `vbit` row starts and the `q1s` overlay rows are indexed once by
+//! [`Matrix::new`], so every row costs O(row).
 //!
 //! Numerics: the exact path ([`Precision::Exact`]) computes `Σ w·x` in f32 with the
 //! weights exactly as [`super::decode`] yields them (a per-row `q8` scale is applied after
 //! the sum); only the summation order differs from a naive dot. [`Precision::Balanced`]
 //! and [`Precision::Fast`] ([`matvec_with`], [`matmul_with`]) quantize the
 //! activations per group of 32 to int8 — two levels, the codes and their residual, or
-//! one — and use integer dot products for the `q8`, `q4` and `q1t` dtypes. For one [`Kernel`]
+//! one — and use integer dot products for the `q8`, `q4`, `vbit` and `q1t` dtypes. For one [`Kernel`]
 //! and precision, `matmul` gives bit for bit the values of `t` separate `matvec`s
 //! (prefill and decode agree exactly), with one exception: at the two-level precision on
 //! AVX-512 VNNI, a `q4` product of at least [`super::panel`]'s 16 tokens adds its exact
@@ -50,6 +50,7 @@ use super::q1::{self, Q1sRowIndex};
 use super::q1t_kernel::{self, Q1tActs, Q1tOverlay, Q1tProduct};
 use super::q4::{self, Q4Rows, Q4tpRows, GROUP};
 use super::q8::{Q8Layout, Q8Rows};
+use super::vbit_kernel::VbitRows;
 use super::{decode_row, geometry, validate, vbit, Geom, QuantError};
 use crate::format::dtype::DType;
 
@@ -167,7 +168,9 @@ impl Matrix {
             | DType::Q8Row
             | DType::Q8_2f
             | DType::Q4tp
-            | DType::Q1t => true,
+            | DType::Q1t
+            | DType::Vbit
+            | DType::VbitRo => true,
             DType::Q4Block | DType::Q4Tiled => self.cols.is_multiple_of(GROUP),
             _ => false,
         }
@@ -202,7 +205,7 @@ pub enum Precision {
     /// their rounding residual (`x ≈ d·(q + q₂/256)`, `d = absmax/127` of the token: each
     /// element within about `absmax/65000` of its value, an int16 code), integer dot
     /// products on the stored weight bytes (AVX-512 VNNI, AVX2) summed exactly in
-    /// integers: a `q8` row in one integer sum, a `q4` or `q1t` group at a time (`q1t`'s
+    /// integers: a `q8` row in one integer sum, a `q4`, `vbit` or `q1t` group at a time (`q1t`'s
     /// kernels dot both levels against the ternary codes, see [`super::q1t_kernel`]).
     /// Within DESIGN.md's contract for quantized activations on the real models (see
     /// [`super::kernel::QuantizedActs`]). For the dtypes of [`Precision::Fast`]; the
@@ -212,7 +215,7 @@ pub enum Precision {
     /// One int8 level per group of 32 (`d = absmax/127`, so each moves by at most `d/2`),
     /// integer dot products, one f32 multiply-add per group: the least integer work, and
     /// the accuracy that a group's outlier leaves. For `q8_row`, `q8_2f`, `q4_tiled`,
-    /// `q4_block` (`cols % 32 == 0`), `q4tp` and `q1t`; other dtypes compute
+    /// `q4_block` (`cols % 32 == 0`), `q4tp`, `vbit`, `vbit_ro` and `q1t`; other dtypes compute
     /// [`Precision::Exact`].
     Fast,
 }
@@ -280,7 +283,9 @@ trait WithRows<const R: usize> {
 /// The activation order of `m`'s integer kernel, if it has one.
 fn int_order(m: &Matrix) -> Option<ActOrder> {
     match m.dtype {
-        DType::Q8Row | DType::Q8_2f | DType::Q1t => Some(ActOrder::Natural),
+        DType::Q8Row | DType::Q8_2f | DType::Q1t | DType::Vbit | DType::VbitRo => {
+            Some(ActOrder::Natural)
+        }
         DType::Q4Block | DType::Q4Tiled if m.is_fused() => Some(ActOrder::NibblePairs),
         DType::Q4tp => Some(ActOrder::NibblePairs),
         _ => None,
@@ -368,6 +373,7 @@ fn block<const R: usize, V: WithRows<R>>(
             DType::Q4Block => v.with_int(k, &Q4Rows::<R, false>::new_at(g, bytes, rs)),
             DType::Q4Tiled => v.with_int(k, &Q4Rows::<R, true>::new_at(g, bytes, rs)),
             DType::Q4tp => v.with_int(k, &q4tp_rows(m, bytes, rs)),
+            DType::Vbit | DType::VbitRo => v.with_int(k, &vbit_rows(m, bytes, rs)),
             _ => unreachable!("no integer kernel for {}", m.dtype),
         };
     }
@@ -380,6 +386,7 @@ fn block<const R: usize, V: WithRows<R>>(
         DType::Q4Block if m.is_fused() => v.with(k, &Q4Rows::<R, false>::new_at(g, bytes, rs)),
         DType::Q4Tiled if m.is_fused() => v.with(k, &Q4Rows::<R, true>::new_at(g, bytes, rs)),
         DType::Q4tp => v.with(k, &q4tp_rows(m, bytes, rs)),
+        DType::Vbit | DType::VbitRo => v.with(k, &vbit_rows(m, bytes, rs)),
         _ => SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
             let n = R * g.cols;
@@ -407,6 +414,14 @@ pub(super) fn q4tp_rows<'a, const R: usize>(
     match &m.index {
         RowIndex::Q4tp(bases) => Q4tpRows::with_bases(m.geom, bytes, rs, rs.map(|r| bases[r])),
         _ => Q4tpRows::new_at(m.geom, bytes, rs),
+    }
+}
+
+/// Rows `rs` of the `vbit` / `vbit_ro` matrix `m`, located by `m`'s row index.
+fn vbit_rows<'a, const R: usize>(m: &Matrix, bytes: &'a [u8], rs: [usize; R]) -> VbitRows<'a, R> {
+    match &m.index {
+        RowIndex::Vbit(starts) => VbitRows::new_at(m.dtype, m.geom, bytes, starts, rs),
+        _ => unreachable!("a vbit matrix has its row index"),
     }
 }
 

@@ -35,6 +35,7 @@ pub mod q4;
 pub mod q8;
 pub mod rows;
 pub mod vbit;
+mod vbit_kernel;
 
 /// The byte layouts of every codec in one place: offset structs, constants, and
 /// [`validate`], which checks a payload against them.

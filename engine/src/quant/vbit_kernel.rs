@@ -1,0 +1,496 @@
+//! `vbit` / `vbit_ro` rows for the shared kernels of [`super::kernel`]: the integer kernels
+//! ([`Precision::Balanced`](super::matrix::Precision::Balanced) and `Fast`) and the f32 one
+//! (`Exact`), decoding each group of 32 codes in registers from the packed bits.
+//!
+//! ```text
+//! row r: b_r ∈ {3,4,5,6,8} bits per code, MSB-first, codes u; w = (u − L)·scale[r, g]
+//! group g of a row: 32·b bits = 4·b bytes at byte 4·b·g of the row (rows are whole groups)
+//! ```
+//!
+//! # How
+//!
+//! A group is two halves of 16 codes in `2·b` bytes each, and each half is two runs of 8
+//! codes in exactly `b` bytes: the bit position of code `k` inside its run, and so the two
+//! bytes that hold it, depend only on `b` and `k % 8`. One 16-byte load of a half,
+//! broadcast to both 128-bit lanes, then per width one table ([`WidthTable`]):
+//! - `vpshufb` puts byte `j` (high) and `j + 1` (low) of code `k` into its 16-bit lane, a
+//!   big-endian window `w` holding the code at bits `16 − s − b .. 16 − s`;
+//! - `vpmulhuw` by `2^(s + b)` is `w >> (16 − s − b)` (`s + b ≤ 15`), and `vpand` keeps `b`
+//!   bits;
+//! - the two halves pack to bytes (`vpackuswb`, values ≤ 255) and `vpermq` restores the
+//!   element order.
+//!
+//! That is about 12 instructions per group whatever the width, with no branch on it: a
+//! row's table is picked once per block.
+//!
+//! The codes handed to the kernels are `L − u` with the scale negated: `(L − u)·(−s)` is
+//! `(u − L)·s` exactly, and `L − u` lies in `−128..=127` for every width, where `u − L`
+//! reaches +128 at 8 bits (`u = 255`, which the encoder never writes but a file may
+//! hold), one more than an i8 holds. The integer kernels take signed codes, `|−128|`
+//! included.
+//!
+//! A half's 16-byte load may read past the row: harmless inside the payload, so only the
+//! groups near the payload's end ([`VbitRows::safe`]) copy their bytes to the stack first.
+//!
+//! Numerics are the shared kernels': `Exact` multiplies each weight exactly as
+//! [`super::decode`] yields it, the integer paths sum exact integer group dots times
+//! `s·d` (see [`super::kernel`]).
+
+use super::kernel::{h2f_scalar, le16, IntRowsScalar, RowsScalar, STEP};
+use super::vbit::{zero_point, VbitLayout};
+use super::Geom;
+use crate::format::dtype::DType;
+
+/// The bit widths a row may have, in [`WIDTHS`] order.
+const BITS: [u8; 5] = [3, 4, 5, 6, 8];
+
+/// Per bit width, what the SIMD extraction of 16 codes of a half group needs (see the
+/// module comment): 32-byte aligned for loads.
+#[repr(C, align(32))]
+pub(crate) struct WidthTable {
+    /// Per 16-bit lane (`k` in the low 128 bits, `k − 8`… in the high), the byte indices
+    /// `[j + 1 or 0x80 (zero), j]` of the big-endian window of code `k`.
+    shuffle: [u8; 32],
+    /// `2^(s + b)`, `s` the code's bit offset in byte `j`.
+    mult: [u16; 16],
+    /// `2^b − 1`.
+    mask: [u16; 16],
+    /// The zero point `L` in every byte.
+    zero: [i8; 32],
+}
+
+const fn width_table(b: u8) -> WidthTable {
+    let mut t = WidthTable {
+        shuffle: [0; 32],
+        mult: [0; 16],
+        mask: [0; 16],
+        zero: [0; 32],
+    };
+    let mut k = 0;
+    while k < 16 {
+        let o = k * b as usize;
+        let (j, s) = (o / 8, o % 8);
+        t.shuffle[2 * k] = if s + b as usize > 8 {
+            (j + 1) as u8
+        } else {
+            0x80
+        };
+        t.shuffle[2 * k + 1] = j as u8;
+        t.mult[k] = 1 << (s + b as usize);
+        t.mask[k] = (1 << b) - 1;
+        k += 1;
+    }
+    let mut i = 0;
+    while i < 32 {
+        t.zero[i] = zero_point(b) as i8;
+        i += 1;
+    }
+    t
+}
+
+/// The tables of [`BITS`], in that order.
+static WIDTHS: [WidthTable; 5] = [
+    width_table(3),
+    width_table(4),
+    width_table(5),
+    width_table(6),
+    width_table(8),
+];
+
+/// `R` rows of a validated `vbit` / `vbit_ro` payload (any rows: a task mask's live
+/// neurons too).
+pub(crate) struct VbitRows<'a, const R: usize> {
+    /// Each row's packed codes, exactly `cols·b/8` bytes.
+    data: [&'a [u8]; R],
+    /// Each row's f16 scales, `2·cols/32` bytes.
+    scales: [&'a [u8]; R],
+    /// Each row's width.
+    bits: [u8; R],
+    /// Each row's [`WidthTable`].
+    table: [&'static WidthTable; R],
+    /// Per row, the groups from its start whose two 16-byte half loads stay inside the
+    /// payload; the rest go through a stack copy.
+    safe: [usize; R],
+    cols: usize,
+}
+
+impl<'a, const R: usize> VbitRows<'a, R> {
+    /// Rows `rs` of a payload that [`super::vbit::validate`] accepted, `starts` the start of
+    /// every packed row relative to the packed area ([`super::vbit::row_starts`]).
+    pub fn new_at(
+        dtype: DType,
+        g: Geom,
+        bytes: &'a [u8],
+        starts: &[usize],
+        rs: [usize; R],
+    ) -> Self {
+        let l = VbitLayout::new(dtype, g).expect("a validated vbit layout");
+        let bits = rs.map(|r| bytes[r]);
+        let row_at = |i: usize| l.packed + starts[rs[i]];
+        VbitRows {
+            data: std::array::from_fn(|i| &bytes[row_at(i)..l.packed + starts[rs[i] + 1]]),
+            scales: std::array::from_fn(|i| {
+                &bytes[l.scales + 2 * rs[i] * l.gpr..l.scales + 2 * (rs[i] + 1) * l.gpr]
+            }),
+            table: bits.map(|b| {
+                let w = BITS
+                    .iter()
+                    .position(|&x| x == b)
+                    .expect("a validated width");
+                &WIDTHS[w]
+            }),
+            safe: std::array::from_fn(|i| {
+                let b = bits[i] as usize;
+                // The second half of group `g` reads `row_at + 4b·g + 2b .. + 16`.
+                match bytes.len().checked_sub(row_at(i) + 2 * b + 16) {
+                    Some(room) => (room / (4 * b) + 1).min(l.gpr),
+                    None => 0,
+                }
+            }),
+            bits,
+            cols: g.cols,
+        }
+    }
+
+    /// The f16 scale bits of group `blk` of row `i`.
+    #[inline(always)]
+    fn scale_bits(&self, i: usize, blk: usize) -> u16 {
+        le16(self.scales[i], 2 * blk)
+    }
+}
+
+impl<const R: usize> IntRowsScalar for VbitRows<'_, R> {
+    const GROUP_SCALES: bool = true;
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    /// `L − u` of each code (see the module comment).
+    fn codes32(&self, i: usize, blk: usize, out: &mut [i8; STEP]) {
+        let b = self.bits[i] as u32;
+        let l = zero_point(self.bits[i]);
+        let group = &self.data[i][4 * b as usize * blk..4 * b as usize * (blk + 1)];
+        let (mut acc, mut have) = (0u64, 0u32);
+        let mut it = group.iter();
+        for o in out.iter_mut() {
+            while have < b {
+                acc = (acc << 8) | *it.next().expect("4·b bytes hold 32 codes") as u64;
+                have += 8;
+            }
+            have -= b;
+            let u = ((acc >> have) & ((1 << b) - 1)) as i32;
+            *o = (l - u) as i8;
+        }
+    }
+    /// The negated scale (the codes are negated).
+    fn group_scale(&self, i: usize, blk: usize) -> f32 {
+        -h2f_scalar(self.scale_bits(i, blk))
+    }
+    fn int_post(&self, _i: usize) -> f32 {
+        1.0
+    }
+}
+
+impl<const R: usize> RowsScalar for VbitRows<'_, R> {
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    /// `(u − L)·s`, the codes negated back as integers: `(L − u)·(−s)` is the same value
+    /// but `−0` where `u = L`.
+    fn decode32(&self, i: usize, blk: usize, out: &mut [f32; STEP]) {
+        let mut c = [0i8; STEP];
+        self.codes32(i, blk, &mut c);
+        let s = h2f_scalar(self.scale_bits(i, blk));
+        for (o, c) in out.iter_mut().zip(c) {
+            *o = -(c as i32) as f32 * s;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::super::kernel::{h2f, IntRowsSimd, RowsAvx2, RowsAvx512};
+    use super::{VbitRows, WidthTable};
+    use std::arch::x86_64::*;
+
+    /// The 16 codes `u` of the half group whose bytes start at `p`, in 16-bit lanes.
+    ///
+    /// # Safety
+    /// AVX2; 16 bytes are readable at `p`.
+    #[inline(always)]
+    unsafe fn half(p: *const u8, t: &WidthTable) -> __m256i {
+        let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+        let w = _mm256_shuffle_epi8(v, _mm256_load_si256(t.shuffle.as_ptr() as *const __m256i));
+        let u = _mm256_mulhi_epu16(w, _mm256_load_si256(t.mult.as_ptr() as *const __m256i));
+        _mm256_and_si256(u, _mm256_load_si256(t.mask.as_ptr() as *const __m256i))
+    }
+
+    /// The 32 codes `L − u` of the group whose `4·b` bytes start at `p`, in element order.
+    ///
+    /// # Safety
+    /// AVX2; `2·b + 16` bytes are readable at `p`.
+    #[inline(always)]
+    unsafe fn group(p: *const u8, b: usize, t: &WidthTable) -> __m256i {
+        let u = _mm256_packus_epi16(half(p, t), half(p.add(2 * b), t));
+        let u = _mm256_permute4x64_epi64::<0b11_01_10_00>(u);
+        _mm256_sub_epi8(_mm256_load_si256(t.zero.as_ptr() as *const __m256i), u)
+    }
+
+    impl<const R: usize> VbitRows<'_, R> {
+        /// [`group`] of group `blk` of row `i`, through a stack copy near the payload's end.
+        ///
+        /// # Safety
+        /// AVX2; `i < R`, `blk < cols / 32`.
+        #[inline(always)]
+        unsafe fn codes_simd(&self, i: usize, blk: usize) -> __m256i {
+            let b = *self.bits.get_unchecked(i) as usize;
+            let t = *self.table.get_unchecked(i);
+            let p = self.data.get_unchecked(i).as_ptr().add(4 * b * blk);
+            if blk < *self.safe.get_unchecked(i) {
+                group(p, b, t)
+            } else {
+                let mut copy = [0u8; 48];
+                std::ptr::copy_nonoverlapping(p, copy.as_mut_ptr(), 4 * b);
+                group(copy.as_ptr(), b, t)
+            }
+        }
+
+        /// The f16 scale bits of group `blk` of row `i`.
+        ///
+        /// # Safety
+        /// `i < R`, `blk < cols / 32`.
+        #[inline(always)]
+        unsafe fn scale_bits_unchecked(&self, i: usize, blk: usize) -> u16 {
+            let s = self.scales.get_unchecked(i).as_ptr().add(2 * blk);
+            u16::from_le_bytes([*s, *s.add(1)])
+        }
+    }
+
+    /// The low 8 codes `L − u` of `v` negated (as integers, so that `u = L` is `+0`), as
+    /// f32, times `s`: `(u − L)·s`, exactly the decoded weights.
+    ///
+    /// # Safety
+    /// AVX2.
+    #[inline(always)]
+    unsafe fn scaled8(v: __m128i, s: __m256) -> __m256 {
+        let u = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_cvtepi8_epi32(v));
+        _mm256_mul_ps(_mm256_cvtepi32_ps(u), s)
+    }
+
+    /// [`scaled8`] of the 16 codes of `v`.
+    ///
+    /// # Safety
+    /// AVX-512 F.
+    #[inline(always)]
+    unsafe fn scaled16(v: __m128i, s: __m512) -> __m512 {
+        let u = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_cvtepi8_epi32(v));
+        _mm512_mul_ps(_mm512_cvtepi32_ps(u), s)
+    }
+
+    impl<const R: usize> IntRowsSimd for VbitRows<'_, R> {
+        #[inline(always)]
+        unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {
+            self.codes_simd(i, blk)
+        }
+        #[inline(always)]
+        unsafe fn group_scale_simd(&self, i: usize, blk: usize) -> f32 {
+            h2f(self.scale_bits_unchecked(i, blk) ^ 0x8000)
+        }
+    }
+
+    impl<const R: usize> RowsAvx2 for VbitRows<'_, R> {
+        #[inline(always)]
+        unsafe fn load_avx2(&self, i: usize, blk: usize) -> [__m256; 4] {
+            let c = self.codes_simd(i, blk);
+            let s = _mm256_set1_ps(h2f(self.scale_bits_unchecked(i, blk)));
+            let (lo, hi) = (_mm256_castsi256_si128(c), _mm256_extracti128_si256::<1>(c));
+            [
+                scaled8(lo, s),
+                scaled8(_mm_unpackhi_epi64(lo, lo), s),
+                scaled8(hi, s),
+                scaled8(_mm_unpackhi_epi64(hi, hi), s),
+            ]
+        }
+    }
+
+    impl<const R: usize> RowsAvx512 for VbitRows<'_, R> {
+        #[inline(always)]
+        unsafe fn load_avx512(&self, i: usize, blk: usize) -> [__m512; 2] {
+            let c = self.codes_simd(i, blk);
+            let s = _mm512_set1_ps(h2f(self.scale_bits_unchecked(i, blk)));
+            [
+                scaled16(_mm256_castsi256_si128(c), s),
+                scaled16(_mm256_extracti128_si256::<1>(c), s),
+            ]
+        }
+    }
+}
+
+/// A `vbit` / `vbit_ro` payload of `rows × cols` built by hand, not by the encoder: every
+/// width in turn (then at random), codes drawn over the whole `0 .. 2^b` (the encoder
+/// never writes `2^b − 1`; a file may), scales of both signs. For the kernel tests.
+#[cfg(test)]
+pub(super) fn hostile_payload(dtype: DType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    assert_eq!(cols % STEP, 0);
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let bits: Vec<u8> = (0..rows)
+        .map(|r| {
+            BITS[if r < BITS.len() {
+                r
+            } else {
+                next() as usize % BITS.len()
+            }]
+        })
+        .collect();
+    let mut out = bits.clone();
+    for _ in 0..rows * cols / STEP {
+        let m = (next() % 2000) as f32 / 1000.0 - 1.0;
+        out.extend_from_slice(&half::f16::from_f32(m).to_le_bytes());
+    }
+    let mut packed = Vec::new();
+    let mut offsets = vec![0u32];
+    for &b in &bits {
+        let mut row = vec![0u8; cols * b as usize / 8];
+        for k in 0..cols {
+            let u = next() % (1 << b);
+            for j in 0..b as usize {
+                let bit = (u >> (b as usize - 1 - j)) & 1;
+                let p = k * b as usize + j;
+                row[p / 8] |= (bit as u8) << (7 - p % 8);
+            }
+        }
+        packed.extend_from_slice(&row);
+        offsets.push(packed.len() as u32);
+    }
+    if dtype == DType::VbitRo {
+        out.extend(offsets.iter().flat_map(|o| o.to_le_bytes()));
+    }
+    out.extend_from_slice(&packed);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{decode, geometry, validate, vbit};
+
+    /// Rows × cols of the tests: one group, odd group counts, a long row.
+    const SHAPES: [(usize, usize); 5] = [(5, 32), (7, 96), (11, 160), (6, 2080), (9, 32 * 37)];
+
+    /// Every row of `bytes` through [`VbitRows`] one row at a time, with `f(rows, i, blk)`.
+    fn each_group(
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+        mut f: impl FnMut(&VbitRows<1>, usize, usize),
+    ) {
+        let shape = [rows as u64, cols as u64];
+        let g = geometry(dtype, &shape).unwrap();
+        let starts = vbit::row_starts(g, bytes).unwrap();
+        for r in 0..rows {
+            let v = VbitRows::<1>::new_at(dtype, g, bytes, &starts, [r]);
+            for blk in 0..cols / STEP {
+                f(&v, r, blk);
+            }
+        }
+    }
+
+    #[test]
+    fn the_scalar_codes_and_scales_decode_like_decode() {
+        for dtype in [DType::Vbit, DType::VbitRo] {
+            for (si, &(rows, cols)) in SHAPES.iter().enumerate() {
+                let bytes = hostile_payload(dtype, rows, cols, si as u64);
+                let shape = [rows as u64, cols as u64];
+                validate(dtype, &shape, &bytes).unwrap();
+                let want = decode(dtype, &shape, &bytes).unwrap();
+                each_group(dtype, rows, cols, &bytes, |v, r, blk| {
+                    let mut c = [0i8; STEP];
+                    v.codes32(0, blk, &mut c);
+                    let s = v.group_scale(0, blk);
+                    let mut w = [0f32; STEP];
+                    v.decode32(0, blk, &mut w);
+                    for k in 0..STEP {
+                        let e = want[r * cols + blk * STEP + k];
+                        // Equal values; `(L − u)·(−s)` is `−0` where `decode` has `+0`.
+                        assert_eq!(
+                            c[k] as f32 * s,
+                            e,
+                            "{dtype} {shape:?} row {r} group {blk} code {k}"
+                        );
+                        assert_eq!(w[k].to_bits(), e.to_bits());
+                    }
+                });
+            }
+        }
+    }
+
+    #[test]
+    fn every_width_reaches_its_extreme_codes() {
+        // 8-bit u = 255 is the code L − u = −128, which u − L (+128) could not be.
+        let bytes = hostile_payload(DType::Vbit, 5, 2080, 3);
+        let mut seen = std::collections::HashSet::new();
+        each_group(DType::Vbit, 5, 2080, &bytes, |v, _, blk| {
+            let mut c = [0i8; STEP];
+            v.codes32(0, blk, &mut c);
+            let b = v.bits[0];
+            let l = zero_point(b) as i8;
+            for x in c {
+                if x == l || x as i32 == l as i32 - ((1 << b) - 1) {
+                    seen.insert((b, x));
+                }
+            }
+        });
+        assert_eq!(seen.len(), 2 * BITS.len(), "{seen:?}");
+        assert!(seen.contains(&(8, -128)));
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn simd_codes_equal_the_scalar_codes() {
+        use super::super::kernel::{IntRowsSimd, Kernel, RowsAvx2};
+        use std::arch::x86_64::*;
+        if !Kernel::Avx2.is_available() {
+            eprintln!("no AVX2 on this CPU: the scalar path is the only one");
+            return;
+        }
+        for dtype in [DType::Vbit, DType::VbitRo] {
+            let mut copied = 0;
+            for (si, &(rows, cols)) in SHAPES.iter().enumerate() {
+                let bytes = hostile_payload(dtype, rows, cols, 10 + si as u64);
+                each_group(dtype, rows, cols, &bytes, |v, r, blk| {
+                    copied += usize::from(blk >= v.safe[0]);
+                    let mut c = [0i8; STEP];
+                    v.codes32(0, blk, &mut c);
+                    let mut w = [0f32; STEP];
+                    v.decode32(0, blk, &mut w);
+                    // SAFETY: AVX2 (with FMA and F16C, which `Kernel::Avx2` includes) is
+                    // present; `blk < cols / 32`.
+                    let (simd, f, s) = unsafe {
+                        let mut simd = [0i8; STEP];
+                        _mm256_storeu_si256(simd.as_mut_ptr() as *mut __m256i, v.load_u8(0, blk));
+                        let mut f = [0f32; STEP];
+                        for (q, x) in v.load_avx2(0, blk).iter().enumerate() {
+                            _mm256_storeu_ps(f[8 * q..].as_mut_ptr(), *x);
+                        }
+                        (simd, f, v.group_scale_simd(0, blk))
+                    };
+                    assert_eq!(
+                        simd, c,
+                        "{dtype} {rows}×{cols} row {r} ({} bits) group {blk}",
+                        v.bits[0]
+                    );
+                    assert_eq!(s.to_bits(), v.group_scale(0, blk).to_bits());
+                    assert_eq!(f.map(f32::to_bits), w.map(f32::to_bits));
+                });
+            }
+            // Some groups at a payload's end took the stack copy.
+            assert!(copied > 0, "{dtype}");
+        }
+    }
+}
