@@ -1,6 +1,6 @@
 //! Prefill's `q8`, `q4` and `q1t` products at the default precision as a blocked matrix-matrix
-//! product on AVX-512 VNNI (and `q4`'s on AVX2): weight rows packed into panels, 16 rows
-//! per vector.
+//! product on AVX-512 VNNI (and `q4`'s and `q1t`'s on AVX2): weight rows packed into
+//! panels, 16 rows per vector.
 //!
 //! [`super::kernel::run_wide`] sums a row's codes against a token's int16 activation codes
 //! `k = 256·q + q₂` with the columns in the vector lanes, and so ends every (row, token)
@@ -27,16 +27,19 @@
 //! the same exact group terms in another order, so here the values agree within the f32
 //! bound rather than bit for bit; hence [`Q4_MIN_TOKENS`].
 //!
-//! Without AVX-512 VNNI (an AVX2 CPU, or `CORTIQ_SIMD=avx2`) the `q4` products of 16 tokens
-//! or more run in the same panels, packed with AVX2 ([`pack_grouped_avx2`]), 8 rows per
+//! Without AVX-512 VNNI (an AVX2 CPU, or `CORTIQ_SIMD=avx2`) the `q4` and `q1t` products of
+//! 16 tokens or more run in the same panels, packed with AVX2 ([`pack_grouped_avx2`]), 8 rows per
 //! vector and `vpmaddubsw` summing a group in int16 ([`tile_q4_avx2`]): the same exact
 //! group integers in the same order as the AVX-512 panels, so the same values.
 //!
 //! `q1t` is packed the same way: its ternary digits are codes `−1, 0, 1` with a scale per
 //! tile of 32, so a `q1t` panel is a `q4` panel whose codes are small. Its overlay is added
 //! to each panel's finished outputs, as the row kernels add it to theirs
-//! ([`super::q1t_kernel::Q1tOverlay`]). Packing decodes each tile's digits once per product
-//! instead of once per 4 tokens.
+//! ([`super::q1t_kernel::Q1tOverlay`]): per row, its entries against 16 tokens per vector
+//! (8 on AVX2, [`overlay_panel_avx2`]) of the activations laid out column-major. Packing
+//! decodes each tile's digits once per product instead of once per 4 tokens. (On AVX2 the
+//! row kernels added the overlay one token and entry at a time, which with the digit
+//! extraction made `q1t` prefill a third of `q4`'s.)
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -124,7 +127,7 @@ fn family(m: &Matrix) -> Option<Family> {
 
 /// The family a product of `m` over `t` tokens of `qa` runs here with, if it does: at the
 /// two-level precision, on AVX-512 VNNI, `q8` products of [`Q8_MIN_TOKENS`] tokens or more
-/// and `q4`/`q1t` products of [`Q4_MIN_TOKENS`]; on AVX2 alone, the `q4` ones.
+/// and `q4`/`q1t` products of [`Q4_MIN_TOKENS`]; on AVX2 alone, the `q4`/`q1t` ones.
 pub(super) fn applies(m: &Matrix, qa: &QuantizedActs, t: usize) -> Option<Family> {
     let fam = family(m)?;
     let long_enough = match fam {
@@ -136,12 +139,15 @@ pub(super) fn applies(m: &Matrix, qa: &QuantizedActs, t: usize) -> Option<Family
     (simd && long_enough && qa.is_split() && m.cols <= MAX_COLS).then_some(fam)
 }
 
-/// Whether `m`'s products of `fam` run in the AVX2 panels ([`tile_q4_avx2`]): `q4`
-/// layouts on a CPU (or a forced level) without AVX-512 VNNI. (`q1t`'s overlay and the
-/// `q8` panels are AVX-512 only.)
+/// Whether `m`'s products of `fam` run in the AVX2 panels ([`tile_q4_avx2`]): the grouped
+/// layouts (`q4`, `q1t`) on a CPU (or a forced level) without AVX-512 VNNI. (The `q8`
+/// panels are AVX-512 only.)
 fn avx2_takes(m: &Matrix, fam: Family) -> bool {
-    let q4 = matches!(fam, Family::Grouped(k) if k != Grouped::Q1t);
-    q4 && cfg!(target_arch = "x86_64") && m.kernel() != Kernel::Scalar && !m.kernel().has_vnni()
+    let grouped = matches!(fam, Family::Grouped(_));
+    grouped
+        && cfg!(target_arch = "x86_64")
+        && m.kernel() != Kernel::Scalar
+        && !m.kernel().has_vnni()
 }
 
 /// `y[j, i] = post_r · d_j · Σ_c w[r, c]·k[j, c]` for the output rows `r` of `sel` (or all),
@@ -182,12 +188,16 @@ pub(super) fn matmul(
         // `q1t`: the activations column-major for the overlay.
         let ov = q1t_overlay(m).filter(|_| fam == Family::Grouped(Grouped::Q1t));
         let tp = t.next_multiple_of(16) + 16;
+        let avx2 = avx2_takes(m, fam);
         if ov.is_some() {
-            // SAFETY: `applies` demanded AVX-512.
-            unsafe { activation_columns(qa, t, tp, g.cols, xt) };
+            if avx2 {
+                activation_columns_portable(qa, t, tp, g.cols, xt);
+            } else {
+                // SAFETY: `applies` demanded AVX-512.
+                unsafe { activation_columns(qa, t, tp, g.cols, xt) };
+            }
         }
         let xt = &xt[..if ov.is_some() { g.cols * tp } else { 0 }];
-        let avx2 = avx2_takes(m, fam);
         let job = PanelJob {
             fam,
             avx2,
@@ -210,10 +220,14 @@ pub(super) fn matmul(
                     };
                     // Panel `p`'s overlay corrections for `toks` into `corr`, if it has any.
                     let overlay = |p: usize, toks: std::ops::Range<usize>, corr: &mut Vec<f32>| {
-                        // SAFETY: `applies` demanded AVX-512; `xt` is `cols` columns of
-                        // `tp ≥ t + 16` tokens.
+                        // SAFETY: `applies` demanded AVX-512, or AVX2 when `avx2`; `xt` is
+                        // `cols` columns of `tp ≥ t + 16` tokens.
                         ov.is_some_and(|ov| unsafe {
-                            overlay_panel(ov, bytes, sel, p * PANEL, n, xt, tp, toks, corr)
+                            if avx2 {
+                                overlay_panel_avx2(ov, bytes, sel, p * PANEL, n, xt, tp, toks, corr)
+                            } else {
+                                overlay_panel(ov, bytes, sel, p * PANEL, n, xt, tp, toks, corr)
+                            }
                         })
                     };
                     let panel_words = panel_len(fam, c4);
@@ -361,6 +375,97 @@ unsafe fn activation_columns(
             }
         }
     }
+}
+
+/// [`activation_columns`] without AVX-512 (the AVX2 panels): the same values, one at a
+/// time. It runs once per product over `t·cols` activations, against `t·rows·cols`
+/// multiply-adds in the panels.
+fn activation_columns_portable(
+    qa: &QuantizedActs,
+    t: usize,
+    tp: usize,
+    cols: usize,
+    xt: &mut Vec<f32>,
+) {
+    assert!(tp >= t && cols.is_multiple_of(32));
+    xt.clear();
+    xt.resize(cols * tp, 0.0);
+    for j in 0..t {
+        let tk = qa.token(j);
+        for c in 0..cols {
+            let k = ((tk.q[c] as i32) << SPLIT_SHIFT) + tk.q2[c] as i32;
+            xt[c * tp + j] = k as f32 * tk.d[c / 32];
+        }
+    }
+}
+
+/// [`overlay_panel`] on AVX2: per row, its entries in file order against 8 tokens per
+/// vector, then the 8 sums stored into the tile's order one by one (the rows with entries
+/// are few: the overlay holds about 0.5 % of the weights).
+///
+/// # Safety
+/// AVX2 + FMA; `xt` is [`activation_columns_portable`] with `tp` tokens per column,
+/// `toks.end + 15 ≤ tp`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn overlay_panel_avx2(
+    ov: &Q1tOverlay,
+    bytes: &[u8],
+    sel: Option<&[u32]>,
+    k0: usize,
+    n: usize,
+    xt: &[f32],
+    tp: usize,
+    toks: std::ops::Range<usize>,
+    corr: &mut Vec<f32>,
+) -> bool {
+    assert!(toks.end + 15 <= tp);
+    let nt = toks.len().next_multiple_of(16);
+    let mut any = false;
+    for i in 0..PANEL.min(n.saturating_sub(k0)) {
+        let k = k0 + i;
+        let (ents, deltas) = ov.row(bytes, sel.map_or(k, |s| s[k] as usize));
+        if deltas.is_empty() {
+            continue;
+        }
+        if !any {
+            corr.clear();
+            corr.resize(nt * PANEL, 0.0);
+            any = true;
+        }
+        for jb in (0..nt).step_by(8) {
+            let j0 = toks.start + jb;
+            let mut sum = _mm256_setzero_ps();
+            for (ent, &delta) in ents.chunks_exact(Q1T_ENTRY).zip(deltas) {
+                let at = le16(ent, 0) as usize * tp + j0;
+                let x = _mm256_loadu_ps(xt[at..at + 8].as_ptr());
+                sum = _mm256_fmadd_ps(_mm256_set1_ps(delta), x, sum);
+            }
+            let mut v = [0f32; 8];
+            _mm256_storeu_ps(v.as_mut_ptr(), sum);
+            for (q, v) in v.into_iter().enumerate() {
+                corr[(jb + q) * PANEL + i] = v;
+            }
+        }
+    }
+    any
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn overlay_panel_avx2(
+    _: &Q1tOverlay,
+    _: &[u8],
+    _: Option<&[u32]>,
+    _: usize,
+    _: usize,
+    _: &[f32],
+    _: usize,
+    _: std::ops::Range<usize>,
+    _: &mut Vec<f32>,
+) -> bool {
+    unreachable!("the AVX2 panels need x86-64")
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -813,7 +918,7 @@ unsafe fn run_panel(
 ) {
     #[cfg(target_arch = "x86_64")]
     if job.avx2 {
-        return panel_tokens_avx2(job, panel, toks, k0);
+        return panel_tokens_avx2(job, panel, toks, corr, k0);
     }
     panel_tokens(job, panel, toks, corr, k0, next)
 }
@@ -828,6 +933,7 @@ unsafe fn panel_tokens_avx2(
     job: &PanelJob,
     panel: &[u32],
     toks: std::ops::Range<usize>,
+    corr: Option<&[f32]>,
     k0: usize,
 ) {
     let PanelJob {
@@ -836,10 +942,11 @@ unsafe fn panel_tokens_avx2(
     let mut j = toks.start;
     while j < toks.end {
         let left = (toks.end - j).min(2);
+        let c = corr.map(|c| &c[(j - toks.start) * PANEL..]);
         for half in 0..2 {
             match left {
-                2 => tile_q4_avx2::<2>(panel, c4, u, d, j, half, k0, n, out),
-                _ => tile_q4_avx2::<1>(panel, c4, u, d, j, half, k0, n, out),
+                2 => tile_q4_avx2::<2>(panel, c4, u, d, j, half, c, k0, n, out),
+                _ => tile_q4_avx2::<1>(panel, c4, u, d, j, half, c, k0, n, out),
             }
         }
         j += left;
@@ -1069,6 +1176,7 @@ unsafe fn tile_q4_avx2<const T: usize>(
     d: &[f32],
     j0: usize,
     half: usize,
+    overlay: Option<&[f32]>,
     k0: usize,
     n: usize,
     out: Out,
@@ -1116,7 +1224,11 @@ unsafe fn tile_q4_avx2<const T: usize>(
     for q in 0..T {
         let mut r = [0f32; 16];
         for v in 0..2 {
-            let x = _mm256_mul_ps(acc[v][q], _mm256_set1_ps(d[j0 + q]));
+            let mut x = _mm256_mul_ps(acc[v][q], _mm256_set1_ps(d[j0 + q]));
+            if let Some(c) = overlay {
+                let at = q * PANEL + 16 * half + 8 * v;
+                x = _mm256_add_ps(x, _mm256_loadu_ps(c[at..at + 8].as_ptr()));
+            }
             _mm256_storeu_ps(r[8 * v..].as_mut_ptr(), x);
         }
         let at = (j0 + q) * n + k0 + 16 * half;

@@ -450,7 +450,8 @@ fn balanced_uses_the_residual_level() {
 /// Whether a product of `t` tokens at precision `p` on kernel `k` runs in the packed panels
 /// ([`super::panel`]), which add the same exact group terms in another order.
 fn in_panels(k: Kernel, p: Precision, t: usize) -> bool {
-    k.has_vnni() && p == Precision::Balanced && t >= super::panel::Q4_MIN_TOKENS
+    // AVX-512 VNNI, or AVX2 alone (a forced AVX2 level included).
+    k != Kernel::Scalar && p == Precision::Balanced && t >= super::panel::Q4_MIN_TOKENS
 }
 
 #[test]
