@@ -223,10 +223,18 @@ pub(super) fn matmul(
                         // SAFETY: `applies` demanded AVX-512, or AVX2 when `avx2`; `xt` is
                         // `cols` columns of `tp ≥ t + 16` tokens.
                         ov.is_some_and(|ov| unsafe {
+                            let job = OverlayJob {
+                                ov,
+                                bytes,
+                                sel,
+                                n,
+                                xt,
+                                tp,
+                            };
                             if avx2 {
-                                overlay_panel_avx2(ov, bytes, sel, p * PANEL, n, xt, tp, toks, corr)
+                                overlay_panel_avx2(&job, p * PANEL, toks, corr)
                             } else {
-                                overlay_panel(ov, bytes, sel, p * PANEL, n, xt, tp, toks, corr)
+                                overlay_panel(&job, p * PANEL, toks, corr)
                             }
                         })
                     };
@@ -265,6 +273,26 @@ pub(super) fn matmul(
     });
 }
 
+/// What the overlay corrections of a product's panels read: the `q1t` overlay of its
+/// payload, the row selection (output `k` is row `sel[k]`, or `k`) of its `n` outputs, and
+/// the activations column-major, `tp` tokens per column ([`activation_columns`]).
+struct OverlayJob<'a> {
+    ov: &'a Q1tOverlay,
+    bytes: &'a [u8],
+    sel: Option<&'a [u32]>,
+    n: usize,
+    xt: &'a [f32],
+    tp: usize,
+}
+
+impl OverlayJob<'_> {
+    /// Output `k`'s overlay entries and their corrections.
+    fn row(&self, k: usize) -> (&[u8], &[f32]) {
+        self.ov
+            .row(self.bytes, self.sel.map_or(k, |s| s[k] as usize))
+    }
+}
+
 /// The overlay corrections of outputs `k0 .. k0 + 32` (those below `n`) for tokens `toks`,
 /// into `corr` as `[token − toks.start][32 rows]` (whole blocks of 16 tokens): per row,
 /// `Σ delta·x̂[j, col]` over its entries in file order (see
@@ -274,19 +302,14 @@ pub(super) fn matmul(
 /// # Safety
 /// AVX-512 F; `xt` is [`activation_columns`] with `tp` tokens per column, `toks.end + 15 ≤ tp`.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f")]
 unsafe fn overlay_panel(
-    ov: &Q1tOverlay,
-    bytes: &[u8],
-    sel: Option<&[u32]>,
+    job: &OverlayJob,
     k0: usize,
-    n: usize,
-    xt: &[f32],
-    tp: usize,
     toks: std::ops::Range<usize>,
     corr: &mut Vec<f32>,
 ) -> bool {
+    let &OverlayJob { n, xt, tp, .. } = job;
     assert!(toks.end + 15 <= tp);
     let nt = toks.len().next_multiple_of(16);
     let levels = transpose_indices();
@@ -295,7 +318,7 @@ unsafe fn overlay_panel(
         let rows: [(&[u8], &[f32]); 16] = std::array::from_fn(|i| {
             let k = k0 + 16 * half + i;
             if k < n {
-                ov.row(bytes, sel.map_or(k, |s| s[k] as usize))
+                job.row(k)
             } else {
                 (&[][..], &[][..])
             }
@@ -407,25 +430,19 @@ fn activation_columns_portable(
 /// AVX2 + FMA; `xt` is [`activation_columns_portable`] with `tp` tokens per column,
 /// `toks.end + 15 ≤ tp`.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn overlay_panel_avx2(
-    ov: &Q1tOverlay,
-    bytes: &[u8],
-    sel: Option<&[u32]>,
+    job: &OverlayJob,
     k0: usize,
-    n: usize,
-    xt: &[f32],
-    tp: usize,
     toks: std::ops::Range<usize>,
     corr: &mut Vec<f32>,
 ) -> bool {
+    let &OverlayJob { n, xt, tp, .. } = job;
     assert!(toks.end + 15 <= tp);
     let nt = toks.len().next_multiple_of(16);
     let mut any = false;
     for i in 0..PANEL.min(n.saturating_sub(k0)) {
-        let k = k0 + i;
-        let (ents, deltas) = ov.row(bytes, sel.map_or(k, |s| s[k] as usize));
+        let (ents, deltas) = job.row(k0 + i);
         if deltas.is_empty() {
             continue;
         }
@@ -453,14 +470,8 @@ unsafe fn overlay_panel_avx2(
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-#[allow(clippy::too_many_arguments)]
 unsafe fn overlay_panel_avx2(
-    _: &Q1tOverlay,
-    _: &[u8],
-    _: Option<&[u32]>,
-    _: usize,
-    _: usize,
-    _: &[f32],
+    _: &OverlayJob,
     _: usize,
     _: std::ops::Range<usize>,
     _: &mut Vec<f32>,
@@ -474,14 +485,8 @@ unsafe fn activation_columns(_: &QuantizedActs, _: usize, _: usize, _: usize, _:
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-#[allow(clippy::too_many_arguments)]
 unsafe fn overlay_panel(
-    _: &Q1tOverlay,
-    _: &[u8],
-    _: Option<&[u32]>,
-    _: usize,
-    _: usize,
-    _: &[f32],
+    _: &OverlayJob,
     _: usize,
     _: std::ops::Range<usize>,
     _: &mut Vec<f32>,
