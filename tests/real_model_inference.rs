@@ -245,7 +245,8 @@ fn check(gguf: &str, dir: &str, system: Option<&str>, question: &str, fast_contr
             off.abs() < bound,
             "{gguf}: {quant} ppl {ppl} vs {reference_ppl}"
         );
-        if quant == "q8_row" || quant == "q8_2f" {
+        // The integer paths of every 8-bit layout, `vbit`'s fused kernel among them.
+        if quant == "q8_row" || quant == "q8_2f" || quant == "vbit8" {
             int_against_exact(gguf, quant, &file, &text_ids, tmp.path(), fast_contract);
         }
         drop(std::fs::remove_file(&file));
