@@ -1,8 +1,8 @@
-//! Weight-streaming speed of the products of `quant::matrix`, per hot dtype: `matvec` of a
-//! 2048×2048 matrix (decode of one token) on 1 and 2 threads, and `matmul` of 64 tokens
-//! (prefill) on 2 threads, all at `Precision::Exact`; for the dtypes with an integer kernel,
-//! the same at `Precision::Balanced` (the default) and `Precision::Fast` (quantized
-//! activations). Throughput is in bytes of stored weights per second, the figure that
+//! Weight-streaming speed of the products of `quant::matrix`, per hot dtype (`vbit` and `q1t`
+//! included): `matvec` of a 2048×2048 matrix (decode of one token) on 1 and 2 threads, and
+//! `matmul` of 64 tokens (prefill) on 2 threads, all at `Precision::Exact`; for the dtypes
+//! with an integer kernel, the same at `Precision::Balanced` (the default) and
+//! `Precision::Fast` (quantized activations). Throughput is in bytes of stored weights per second, the figure that
 //! bounds decode speed (a matvec reads every weight byte once).
 //! The matrix stays in the last-level cache between iterations (a warm-cache figure).
 //!
@@ -13,7 +13,7 @@ use cortiq_engine::quant::{encode, EncodeOptions};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
 
-const HOT: [DType; 8] = [
+const HOT: [DType; 10] = [
     DType::Q8Row,
     DType::Q4Block,
     DType::Q4Tiled,
@@ -22,15 +22,19 @@ const HOT: [DType; 8] = [
     DType::Bf16,
     DType::Q8_2f,
     DType::Q4tp,
+    DType::Vbit,
+    DType::Q1t,
 ];
 
 /// Dtypes with an integer kernel for `Precision::Balanced` and `Precision::Fast`.
-const FAST: [DType; 5] = [
+const FAST: [DType; 7] = [
     DType::Q8Row,
     DType::Q4Block,
     DType::Q4Tiled,
     DType::Q8_2f,
     DType::Q4tp,
+    DType::Vbit,
+    DType::Q1t,
 ];
 
 fn shape() -> (usize, usize) {
