@@ -50,6 +50,7 @@ use super::q1::{self, Q1sRowIndex};
 use super::q1t_kernel::{self, Q1tActs, Q1tOverlay, Q1tProduct};
 use super::q4::{self, Q4Rows, Q4tpRows, GROUP};
 use super::q8::{Q8Layout, Q8Rows};
+use super::vbit::VbitLayout;
 use super::vbit_kernel::VbitRows;
 use super::{decode_row, geometry, validate, vbit, Geom, QuantError};
 use crate::format::dtype::DType;
@@ -75,8 +76,12 @@ pub struct Matrix {
 #[derive(Clone, Debug)]
 enum RowIndex {
     None,
-    /// `vbit` / `vbit_ro`: start of each packed row (relative to the packed area), + end.
-    Vbit(Vec<usize>),
+    /// `vbit` / `vbit_ro`: the layout's offsets, and the start of each packed row
+    /// (relative to the packed area), + end.
+    Vbit {
+        layout: VbitLayout,
+        starts: Vec<usize>,
+    },
     /// `q1s`: overlay entries by row.
     Q1s(Q1sRowIndex),
     /// `q1t`: where the overlay lies, its shadowed entries.
@@ -104,7 +109,10 @@ impl Matrix {
             reason,
         };
         let index = match dtype {
-            DType::Vbit | DType::VbitRo => RowIndex::Vbit(vbit::row_starts(g, bytes).map_err(bad)?),
+            DType::Vbit | DType::VbitRo => RowIndex::Vbit {
+                layout: VbitLayout::new(dtype, g).expect("validated"),
+                starts: vbit::row_starts(g, bytes).map_err(bad)?,
+            },
             DType::Q1s => RowIndex::Q1s(Q1sRowIndex::new(g, bytes).map_err(bad)?),
             DType::Q1t => RowIndex::Q1t(Q1tOverlay::new(g, bytes).map_err(bad)?),
             DType::Q4tp => RowIndex::Q4tp(
@@ -183,7 +191,7 @@ impl Matrix {
         assert_eq!(out.len(), self.cols, "output must hold one row");
         let g = self.geom;
         match &self.index {
-            RowIndex::Vbit(starts) => {
+            RowIndex::Vbit { starts, .. } => {
                 vbit::decode_row_from(self.dtype, g, bytes, r, starts[r], out)
             }
             RowIndex::Q1s(index) => q1::decode_q1s_row_indexed(g, bytes, index, r, out),
@@ -420,7 +428,7 @@ pub(super) fn q4tp_rows<'a, const R: usize>(
 /// Rows `rs` of the `vbit` / `vbit_ro` matrix `m`, located by `m`'s row index.
 fn vbit_rows<'a, const R: usize>(m: &Matrix, bytes: &'a [u8], rs: [usize; R]) -> VbitRows<'a, R> {
     match &m.index {
-        RowIndex::Vbit(starts) => VbitRows::new_at(m.dtype, m.geom, bytes, starts, rs),
+        RowIndex::Vbit { layout, starts } => VbitRows::new_at(*layout, m.geom, bytes, starts, rs),
         _ => unreachable!("a vbit matrix has its row index"),
     }
 }

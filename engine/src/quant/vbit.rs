@@ -118,23 +118,47 @@ pub(super) fn validate(dtype: DType, g: Geom, bytes: &[u8]) -> Result<VbitLayout
     Ok(l)
 }
 
+/// The `b`-bit codes `u` of an MSB-first stream, in order (zero bits past its end): the
+/// one reader of packed rows, for decoding and for the kernels' scalar reference.
+pub(crate) struct MsbCodes<'a> {
+    bytes: std::slice::Iter<'a, u8>,
+    acc: u64,
+    have: u32,
+    b: u32,
+}
+
+impl<'a> MsbCodes<'a> {
+    pub(crate) fn new(src: &'a [u8], b: u8) -> Self {
+        MsbCodes {
+            bytes: src.iter(),
+            acc: 0,
+            have: 0,
+            b: b as u32,
+        }
+    }
+}
+
+impl Iterator for MsbCodes<'_> {
+    type Item = u32;
+    #[inline]
+    fn next(&mut self) -> Option<u32> {
+        while self.have < self.b {
+            self.acc = (self.acc << 8) | *self.bytes.next().unwrap_or(&0) as u64;
+            self.have += 8;
+        }
+        self.have -= self.b;
+        Some(((self.acc >> self.have) & ((1 << self.b) - 1)) as u32)
+    }
+}
+
 /// Decodes one packed row (`src` = its bytes) with the row's scales (`scales` = its f16s).
 fn unpack_row(b: u8, src: &[u8], scales: &[u8], out: &mut [f32]) {
     let l = zero_point(b);
-    let nb = b as u32;
-    let mask = (1u64 << nb) - 1;
-    let mut acc = 0u64;
-    let mut have = 0u32;
-    let mut it = src.iter();
+    let mut codes = MsbCodes::new(src, b);
     for (o, s) in out.chunks_mut(GROUP).zip(scales.chunks_exact(2)) {
         let s = half::f16::from_le_bytes([s[0], s[1]]).to_f32();
-        for x in o {
-            while have < nb {
-                acc = (acc << 8) | *it.next().unwrap_or(&0) as u64;
-                have += 8;
-            }
-            have -= nb;
-            *x = (((acc >> have) & mask) as i32 - l) as f32 * s;
+        for (x, u) in o.iter_mut().zip(&mut codes) {
+            *x = (u as i32 - l) as f32 * s;
         }
     }
 }

@@ -30,16 +30,16 @@
 //! included.
 //!
 //! A half's 16-byte load may read past the row: harmless inside the payload, so only the
-//! groups near the payload's end ([`VbitRows::safe`]) copy their bytes to the stack first.
+//! groups near the payload's end ([`VbitRows::loads_in_payload`]) copy their bytes to the
+//! stack first.
 //!
 //! Numerics are the shared kernels': `Exact` multiplies each weight exactly as
 //! [`super::decode`] yields it, the integer paths sum exact integer group dots times
 //! `s·d` (see [`super::kernel`]).
 
 use super::kernel::{h2f_scalar, le16, IntRowsScalar, RowsScalar, STEP};
-use super::vbit::{zero_point, VbitLayout};
+use super::vbit::{zero_point, MsbCodes, VbitLayout};
 use super::Geom;
-use crate::format::dtype::DType;
 
 /// The bit widths a row may have, in [`WIDTHS`] order.
 const BITS: [u8; 5] = [3, 4, 5, 6, 8];
@@ -97,6 +97,18 @@ static WIDTHS: [WidthTable; 5] = [
     width_table(8),
 ];
 
+/// The [`WidthTable`] of a validated width.
+fn table_of(b: u8) -> &'static WidthTable {
+    debug_assert!(BITS.contains(&b));
+    &WIDTHS[match b {
+        3 => 0,
+        4 => 1,
+        5 => 2,
+        6 => 3,
+        _ => 4,
+    }]
+}
+
 /// `R` rows of a validated `vbit` / `vbit_ro` payload (any rows: a task mask's live
 /// neurons too).
 pub(crate) struct VbitRows<'a, const R: usize> {
@@ -108,48 +120,43 @@ pub(crate) struct VbitRows<'a, const R: usize> {
     bits: [u8; R],
     /// Each row's [`WidthTable`].
     table: [&'static WidthTable; R],
-    /// Per row, the groups from its start whose two 16-byte half loads stay inside the
-    /// payload; the rest go through a stack copy.
-    safe: [usize; R],
+    /// Address one past the payload: a 16-byte load must end by it.
+    payload_end: usize,
     cols: usize,
 }
 
 impl<'a, const R: usize> VbitRows<'a, R> {
-    /// Rows `rs` of a payload that [`super::vbit::validate`] accepted, `starts` the start of
-    /// every packed row relative to the packed area ([`super::vbit::row_starts`]).
+    /// Rows `rs` of a payload that [`super::vbit::validate`] accepted, with layout `l`;
+    /// `starts` is the start of every packed row relative to the packed area
+    /// ([`super::vbit::row_starts`]). Both come from the matrix's index, computed at load:
+    /// a product builds one of these per block of rows.
     pub fn new_at(
-        dtype: DType,
+        l: VbitLayout,
         g: Geom,
         bytes: &'a [u8],
         starts: &[usize],
         rs: [usize; R],
     ) -> Self {
-        let l = VbitLayout::new(dtype, g).expect("a validated vbit layout");
         let bits = rs.map(|r| bytes[r]);
-        let row_at = |i: usize| l.packed + starts[rs[i]];
         VbitRows {
-            data: std::array::from_fn(|i| &bytes[row_at(i)..l.packed + starts[rs[i] + 1]]),
+            data: std::array::from_fn(|i| {
+                &bytes[l.packed + starts[rs[i]]..l.packed + starts[rs[i] + 1]]
+            }),
             scales: std::array::from_fn(|i| {
                 &bytes[l.scales + 2 * rs[i] * l.gpr..l.scales + 2 * (rs[i] + 1) * l.gpr]
             }),
-            table: bits.map(|b| {
-                let w = BITS
-                    .iter()
-                    .position(|&x| x == b)
-                    .expect("a validated width");
-                &WIDTHS[w]
-            }),
-            safe: std::array::from_fn(|i| {
-                let b = bits[i] as usize;
-                // The second half of group `g` reads `row_at + 4b·g + 2b .. + 16`.
-                match bytes.len().checked_sub(row_at(i) + 2 * b + 16) {
-                    Some(room) => (room / (4 * b) + 1).min(l.gpr),
-                    None => 0,
-                }
-            }),
+            table: bits.map(table_of),
+            payload_end: bytes.as_ptr() as usize + bytes.len(),
             bits,
             cols: g.cols,
         }
+    }
+
+    /// Whether both 16-byte half loads of the `b`-bit group starting at `p` (the second
+    /// reads bytes `2b .. 2b + 16` of it) stay inside the payload.
+    #[inline(always)]
+    fn loads_in_payload(&self, p: *const u8, b: usize) -> bool {
+        p as usize + 2 * b + 16 <= self.payload_end
     }
 
     /// The f16 scale bits of group `blk` of row `i`.
@@ -166,19 +173,11 @@ impl<const R: usize> IntRowsScalar for VbitRows<'_, R> {
     }
     /// `L − u` of each code (see the module comment).
     fn codes32(&self, i: usize, blk: usize, out: &mut [i8; STEP]) {
-        let b = self.bits[i] as u32;
-        let l = zero_point(self.bits[i]);
+        let b = self.bits[i];
+        let l = zero_point(b);
         let group = &self.data[i][4 * b as usize * blk..4 * b as usize * (blk + 1)];
-        let (mut acc, mut have) = (0u64, 0u32);
-        let mut it = group.iter();
-        for o in out.iter_mut() {
-            while have < b {
-                acc = (acc << 8) | *it.next().expect("4·b bytes hold 32 codes") as u64;
-                have += 8;
-            }
-            have -= b;
-            let u = ((acc >> have) & ((1 << b) - 1)) as i32;
-            *o = (l - u) as i8;
+        for (o, u) in out.iter_mut().zip(MsbCodes::new(group, b)) {
+            *o = (l - u as i32) as i8;
         }
     }
     /// The negated scale (the codes are negated).
@@ -245,7 +244,7 @@ mod simd {
             let b = *self.bits.get_unchecked(i) as usize;
             let t = *self.table.get_unchecked(i);
             let p = self.data.get_unchecked(i).as_ptr().add(4 * b * blk);
-            if blk < *self.safe.get_unchecked(i) {
+            if self.loads_in_payload(p, b) {
                 group(p, b, t)
             } else {
                 let mut copy = [0u8; 48];
@@ -329,7 +328,12 @@ mod simd {
 /// width in turn (then at random), codes drawn over the whole `0 .. 2^b` (the encoder
 /// never writes `2^b − 1`; a file may), scales of both signs. For the kernel tests.
 #[cfg(test)]
-pub(super) fn hostile_payload(dtype: DType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+pub(super) fn hostile_payload(
+    dtype: crate::format::dtype::DType,
+    rows: usize,
+    cols: usize,
+    seed: u64,
+) -> Vec<u8> {
     assert_eq!(cols % STEP, 0);
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut next = move || {
@@ -367,7 +371,7 @@ pub(super) fn hostile_payload(dtype: DType, rows: usize, cols: usize, seed: u64)
         packed.extend_from_slice(&row);
         offsets.push(packed.len() as u32);
     }
-    if dtype == DType::VbitRo {
+    if dtype == crate::format::dtype::DType::VbitRo {
         out.extend(offsets.iter().flat_map(|o| o.to_le_bytes()));
     }
     out.extend_from_slice(&packed);
@@ -377,6 +381,7 @@ pub(super) fn hostile_payload(dtype: DType, rows: usize, cols: usize, seed: u64)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::dtype::DType;
     use crate::quant::{decode, geometry, validate, vbit};
 
     /// Rows × cols of the tests: one group, odd group counts, a long row.
@@ -394,7 +399,8 @@ mod tests {
         let g = geometry(dtype, &shape).unwrap();
         let starts = vbit::row_starts(g, bytes).unwrap();
         for r in 0..rows {
-            let v = VbitRows::<1>::new_at(dtype, g, bytes, &starts, [r]);
+            let l = vbit::VbitLayout::new(dtype, g).unwrap();
+            let v = VbitRows::<1>::new_at(l, g, bytes, &starts, [r]);
             for blk in 0..cols / STEP {
                 f(&v, r, blk);
             }
@@ -464,7 +470,9 @@ mod tests {
             for (si, &(rows, cols)) in SHAPES.iter().enumerate() {
                 let bytes = hostile_payload(dtype, rows, cols, 10 + si as u64);
                 each_group(dtype, rows, cols, &bytes, |v, r, blk| {
-                    copied += usize::from(blk >= v.safe[0]);
+                    let b = v.bits[0] as usize;
+                    let p = v.data[0][4 * b * blk..].as_ptr();
+                    copied += usize::from(!v.loads_in_payload(p, b));
                     let mut c = [0i8; STEP];
                     v.codes32(0, blk, &mut c);
                     let mut w = [0f32; STEP];
