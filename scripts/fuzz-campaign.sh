@@ -3,7 +3,8 @@
 # RAYON_NUM_THREADS=1) from their kept corpora and prints a table of executions, speed and
 # crashes per target, with the command that reproduces each row. A crash stops its target
 # (libFuzzer's default): its input is in fuzz/artifacts/<target>/ and becomes a test in
-# engine/tests/fuzz_regressions.rs.
+# engine/tests/fuzz_regressions.rs. A unit slower than 10 s counts as a crash too (libFuzzer
+# writes it as slow-unit-* and goes on; the verdict names it).
 #
 # Every run is appended to the ledger fuzz/campaigns.tsv (date, commit, target, sanitizer,
 # executions, seconds, executions/s, crashes, inputs replayed under ASan), so that a campaign
@@ -70,10 +71,13 @@ case "$SANITIZER" in
   none) TARGET_DIR=target-none ;;
   *) echo "SANITIZER must be address or none, not $SANITIZER" >&2; exit 2 ;;
 esac
-cargo fuzz build -O -s "$SANITIZER" --target-dir "$TARGET_DIR" >&2
+# Only the targets asked for: a campaign on one target need not wait for the others' builds.
+for t in $TARGETS; do
+  cargo fuzz build -O -s "$SANITIZER" --target-dir "$TARGET_DIR" "$t" >&2
+  [ "$SANITIZER" = address ] || cargo fuzz build -O "$t" >&2
+done
 BIN=$TARGET_DIR/x86_64-unknown-linux-gnu/release
 ASAN_BIN=target/x86_64-unknown-linux-gnu/release
-[ "$SANITIZER" = address ] || cargo fuzz build -O >&2
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 [ -f "$LEDGER" ] ||
   printf 'date\tcommit\ttarget\tsanitizer\texecutions\tseconds\texec_per_s\tcrashes\treplayed_asan\n' >"$LEDGER"
@@ -85,7 +89,7 @@ for t in $TARGETS; do
   log="$scratch.log"
   mkdir -p "artifacts/$t"
   args=("$scratch" "corpus/$t" "-runs=$RUNS" "-max_len=${MAX_LEN[$t]}" -rss_limit_mb=2048
-        -timeout=30 -print_final_stats=1 "-artifact_prefix=artifacts/$t/")
+        -timeout=30 -report_slow_units=10 -print_final_stats=1 "-artifact_prefix=artifacts/$t/")
   [ -n "${SECS:-}" ] && args+=("-max_total_time=$SECS")
   echo "== $t: $BIN/$t ${args[*]}" >&2
   start=$(date +%s)
@@ -93,6 +97,13 @@ for t in $TARGETS; do
   if "$BIN/$t" "${args[@]}" >"$log" 2>&1; then verdict="0 crashes"; else
     crashes=1
     verdict="CRASH: $(ls -t "artifacts/$t" | head -1) (see $log)"
+  fi
+  # A unit slower than 10 s does not stop libFuzzer, but from inputs this small it is a
+  # finding (a 1 KB GGUF once wrote gigabytes for 30 s a run): counted as a crash.
+  slow=$(sed -n "s|.*Test unit written to \(artifacts/$t/slow-unit-[0-9a-f]*\).*|\1|p" "$log" | tail -1)
+  if [ -n "$slow" ] && [ "$crashes" = 0 ]; then
+    crashes=1
+    verdict="SLOW UNIT: $slow ($(sed -n 's/^Slowest unit: //p' "$log" | tail -1); see $log)"
   fi
   secs=$(( $(date +%s) - start ))
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)

@@ -3,6 +3,8 @@
 
 use cortiq_engine::chat::{ChatError, ChatTemplate, RenderOptions};
 use cortiq_engine::format::DType;
+use cortiq_engine::import::gguf::Gguf;
+use cortiq_engine::import::gguf_import::{import_gguf, QuantMode};
 use cortiq_engine::quant::matrix::{matvec, Matrix};
 use cortiq_engine::quant::{decode, validate};
 
@@ -68,5 +70,74 @@ fn str_format_with_a_key_that_is_not_ascii() {
     match t.render(&messages, &opts) {
         Err(ChatError::Render(m)) => assert!(m.contains("not ASCII"), "{m}"),
         other => panic!("expected a render error naming the key, got {other:?}"),
+    }
+}
+
+/// `import_gguf`, slow-unit-2a9b6c44…: a 1,066-byte llama GGUF whose `token_embd.weight`
+/// is F32 of dims `[0, 352321536]` (no elements, so no data). Re-encoded as `vbit` or
+/// `q1t`, its 352 million empty rows each got their row fields: gigabytes written and
+/// 25-30 s per run, from a source of none. Empty and small tensors now stay float.
+#[test]
+fn gguf_tensor_with_a_zero_dimension_writes_no_row_fields() {
+    let raw = hex::decode(
+        [
+        "474755460300000001000000000000000f00000000000000140000000000000067656e6572616c2e61726368",
+        "69746563747572650800000005000000000000006c6c616d6111000000000000006c6c616d612e626c6f636b",
+        "5f636f756e74040000000100000014000000000000006c6c616d612e636f6e746578745f6c656e6774680400",
+        "00004000000016000000000000006c6c616d612e656d62656464696e675f6c656e6774680400000020000000",
+        "19000000000000006c6c616d692e666565645f666f72776172645f6c656e67746804000000400000001a0000",
+        "00000000006c6c616d612e617474656e74696f6e2e686561645f636f756e7404000000020000001d00000000",
+        "0000006c6c616d612e617474656e74696f6e2e686561645f636f756e745f6b76040000000100000026000000",
+        "000000006c6c616d612e617474656e74696f6e2e6c617965725f6e6f726d5f726d735f706573696c6f6e0600",
+        "0000acc5273814000000000000006c6c616d612e726f70652e667265715f6261736506000000004014461400",
+        "000000000000746f6b656e697a65722e67676d6c256d6f64656c080000000400000000000000677074321200",
+        "000000000000746f6b656e697a65722e67676d6c2e7072650800000005000000000000007177656e32150000",
+        "0000000000746f6b656e697a65722e67676d322e746f6b656e73090000000800000008000000000000000100",
+        "00000000000061010000000000000062010000000000000063020000000000000061620200000000000000c4",
+        "a00300000000000000c4a06103000000000000003c733e04000000000000003c2f733e190000000000000074",
+        "6f6b656e697a65722e67676f757470745f7774752e7970650900000005000000080000000000000001000000",
+        "010000000100000001000000010000000100000003000000030000001500000000000000746f6b656e697a65",
+        "722e67676d6c2e6d657267657309000000080000000200000000000000030000000000000061206204000000",
+        "00000000c4a020611b00000000000000746f6b656e697a65722e63676d6c2e656f735f746f6b656e5f696404",
+        "000000070000001100000000000000746f6b656e5f656d62642e776569676874020000000000000000000000",
+        "0000001500000000000000000000000000000000000000000000000000000000000000000000000000000000",
+        "00000000000000000000000000000000000033f4ad08b03c2a03a43d303f32762cec2040a242b35ba463a8dd",
+        "b34031afa047ae5d2bc230d428232e291d7c2cc0a9d72d6b20fd2f18b36f3371080c359c0ad558855a170b60",
+        "60583db8189e381f21556e00197757d578bfeef5fd0360aa6233ab1f3a21ee175f857ce5dd415814a0f79882",
+        "8ec07d72af9d8da3c2857c2afd54be5129e21f21f4baa2266e714ab5af575462686910d460ebd2a90ea15b40",
+        "76d6f9583c3f32081f21",
+        ]
+        .concat(),
+    )
+    .unwrap();
+    let g = Gguf::parse(&raw).unwrap();
+    let t = g.tensor("token_embd.weight").unwrap();
+    assert_eq!(
+        (t.dims.as_slice(), t.nbytes),
+        ([0u64, 352_321_536].as_slice(), 0)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("in.gguf");
+    std::fs::write(&src, &raw).unwrap();
+    for mode in [
+        QuantMode::Keep,
+        QuantMode::Codec(DType::Vbit),
+        QuantMode::Codec(DType::Q1t),
+        QuantMode::Codec(DType::Q8Row),
+    ] {
+        let out = dir.path().join("out.cmf");
+        let _ = std::fs::remove_file(&out);
+        if let Ok(report) = import_gguf(&src, &out, mode, &mut |_| {}) {
+            let len = std::fs::metadata(&out).unwrap().len();
+            assert!(len < 1 << 20, "{mode:?}: a {len}-byte file from 1 KB");
+            for t in report.tensors.iter().filter(|t| t.shape.contains(&0)) {
+                assert!(
+                    matches!(t.dtype, DType::F32 | DType::F16 | DType::Bf16),
+                    "{mode:?}: {} as {}",
+                    t.name,
+                    t.dtype
+                );
+            }
+        }
     }
 }

@@ -398,6 +398,16 @@ fn fallback(shape: &[u64]) -> DType {
 /// (after row un-permutation, which moves whole rows).
 pub fn target_dtype(mode: QuantMode, m: &MappedTensor) -> (DType, bool) {
     let exact = !m.minus_one;
+    // 1-D and small tensors stay float (SPEC §3.2). Empty ones included: every row codec
+    // stores fields per row, so `[N, 0]` would write O(N) bytes from a source of none (a
+    // fuzzed 1 KB file wrote gigabytes).
+    if m.shape.len() <= 1 || crate::format::dtype::numel(&m.shape).is_none_or(|n| n < 32) {
+        return match float_dtype(m.ggml_type) {
+            Some(f) if exact => (f, true),
+            Some(_) => (DType::F32, false),
+            None => (DType::F16, false),
+        };
+    }
     match mode {
         QuantMode::Keep => match (float_dtype(m.ggml_type), m.ggml_type) {
             (Some(d), _) if exact => (d, true),
@@ -406,13 +416,6 @@ pub fn target_dtype(mode: QuantMode, m: &MappedTensor) -> (DType, bool) {
             _ => (fallback(&m.shape), false),
         },
         QuantMode::Codec(d) => {
-            if m.shape.len() == 1 {
-                return match float_dtype(m.ggml_type) {
-                    Some(f) if exact => (f, true),
-                    Some(_) => (DType::F32, false),
-                    None => (DType::F16, false),
-                };
-            }
             if d == DType::Q4Tiled && m.ggml_type == GgmlType::Q4_0 && exact {
                 return (d, true);
             }
