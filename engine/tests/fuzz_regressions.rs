@@ -4,7 +4,9 @@
 use cortiq_engine::chat::{ChatError, ChatTemplate, RenderOptions};
 use cortiq_engine::format::DType;
 use cortiq_engine::import::gguf::Gguf;
-use cortiq_engine::import::gguf_import::{import_gguf, unpermute_rows, QuantMode};
+use cortiq_engine::import::gguf_import::{
+    import_gguf, unpermute_rows, ImportError, ImportReport, QuantMode,
+};
 use cortiq_engine::quant::matrix::{matvec, Matrix};
 use cortiq_engine::quant::{decode, validate};
 
@@ -116,20 +118,14 @@ fn gguf_tensor_with_a_zero_dimension_writes_no_row_fields() {
         (t.dims.as_slice(), t.nbytes),
         ([0u64, 352_321_536].as_slice(), 0)
     );
-    let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("in.gguf");
-    std::fs::write(&src, &raw).unwrap();
-    for mode in [
+    let modes = [
         QuantMode::Keep,
         QuantMode::Codec(DType::Vbit),
         QuantMode::Codec(DType::Q1t),
         QuantMode::Codec(DType::Q8Row),
-    ] {
-        let out = dir.path().join("out.cmf");
-        let _ = std::fs::remove_file(&out);
-        if let Ok(report) = import_gguf(&src, &out, mode, &mut |_| {}) {
-            let len = std::fs::metadata(&out).unwrap().len();
-            assert!(len < 1 << 20, "{mode:?}: a {len}-byte file from 1 KB");
+    ];
+    for (mode, r) in import_every_way(&raw, &modes) {
+        if let Ok(report) = r {
             for t in report.tensors.iter().filter(|t| t.shape.contains(&0)) {
                 assert!(
                     matches!(t.dtype, DType::F32 | DType::F16 | DType::Bf16),
@@ -140,6 +136,61 @@ fn gguf_tensor_with_a_zero_dimension_writes_no_row_fields() {
             }
         }
     }
+    // Empty tensors are refused up front, naming them, at any row count (here the most a
+    // CMF dimension holds), rather than each pass over their rows having to stay cheap.
+    let mut wide = raw.clone();
+    let dims_at = 807 + "token_embd.weight".len() + 4;
+    assert_eq!(
+        wide[dims_at + 8..dims_at + 16],
+        352_321_536u64.to_le_bytes()
+    );
+    wide[dims_at + 8..dims_at + 16].copy_from_slice(&u64::from(u32::MAX).to_le_bytes());
+    for (mode, r) in within_a_minute(move || import_every_way(&wide, &modes)) {
+        let e = r.expect_err("an empty tensor imports");
+        assert!(
+            e.to_string().contains("\"token_embd.weight\" is empty"),
+            "{mode:?}: {e}"
+        );
+    }
+}
+
+/// Imports `raw` as a GGUF file in each of `modes`; every file written is under 1 MiB (the
+/// inputs are a few KB).
+fn import_every_way(
+    raw: &[u8],
+    modes: &[QuantMode],
+) -> Vec<(QuantMode, Result<ImportReport, ImportError>)> {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("in.gguf");
+    std::fs::write(&src, raw).unwrap();
+    let out = dir.path().join("out.cmf");
+    modes
+        .iter()
+        .map(|&mode| {
+            let _ = std::fs::remove_file(&out);
+            let r = import_gguf(&src, &out, mode, &mut |_| {});
+            if r.is_ok() {
+                let len = std::fs::metadata(&out).unwrap().len();
+                assert!(
+                    len < 1 << 20,
+                    "{mode:?}: a {len}-byte file from {} bytes",
+                    raw.len()
+                );
+            }
+            (mode, r)
+        })
+        .collect()
+}
+
+/// `f`'s result, or a failure if it takes more than a minute: a hang fails the test
+/// instead of stalling the suite.
+fn within_a_minute<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(60))
+        .expect("did not finish in 60 s")
 }
 
 /// `import_gguf`, slow-unit-52e22ddb…: a 1,950-byte llama GGUF whose `blk.0.attn_q.weight`
@@ -208,27 +259,15 @@ fn gguf_head_unpermutation_of_no_data_is_immediate() {
     // At 2^60 rows the old loop never ends: a watchdog turns that hang into a failure.
     let mut huge = t.clone();
     huge.dims[1] = 1 << 60;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(unpermute_rows(&huge, &[], 2).map(|v| v.len()));
-    });
-    let moved = rx
-        .recv_timeout(std::time::Duration::from_secs(60))
-        .expect("un-permuting 2^60 empty rows did not finish in 60 s");
+    let moved = within_a_minute(move || unpermute_rows(&huge, &[], 2).map(|v| v.len()));
     assert_eq!(moved.unwrap(), 0);
     // The file itself imports or fails, in every mode.
-    let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("in.gguf");
-    std::fs::write(&src, &raw).unwrap();
-    for mode in [
-        QuantMode::Keep,
-        QuantMode::Codec(DType::Vbit),
-        QuantMode::Codec(DType::Q1t),
-    ] {
-        let out = dir.path().join("out.cmf");
-        if import_gguf(&src, &out, mode, &mut |_| {}).is_ok() {
-            let len = std::fs::metadata(&out).unwrap().len();
-            assert!(len < 1 << 20, "{mode:?}: a {len}-byte file from 2 KB");
-        }
-    }
+    import_every_way(
+        &raw,
+        &[
+            QuantMode::Keep,
+            QuantMode::Codec(DType::Vbit),
+            QuantMode::Codec(DType::Q1t),
+        ],
+    );
 }

@@ -263,6 +263,12 @@ pub fn numel(shape: &[u64]) -> Option<u64> {
     shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
 }
 
+/// SPEC §3.2: 1-D tensors and tensors of fewer than 32 elements are always stored as
+/// floats, never with a quantized layout.
+pub fn always_float(shape: &[u64]) -> bool {
+    shape.len() <= 1 || numel(shape).is_none_or(|n| n < 32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

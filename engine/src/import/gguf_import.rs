@@ -274,6 +274,16 @@ pub fn map_tensors(g: &Gguf) -> Result<Vec<MappedTensor>> {
     g.tensors
         .iter()
         .map(|t| {
+            // An empty tensor has no data to bound the work on it: every pass over its rows
+            // (encoding, un-permuting heads, measuring the error) would run as long as the
+            // file's dims say, from a source of no bytes (fuzzed 1-2 KB files wrote
+            // gigabytes or looped for a billion rows). No model has one.
+            if t.dims.contains(&0) {
+                return Err(unsupported(format!(
+                    "tensor {:?} is empty (ggml dims {:?})",
+                    t.name, t.dims
+                )));
+            }
             let hf = hf_name(a, &t.name).ok_or_else(|| {
                 unsupported(format!("tensor {:?} has no mapping for {a}", t.name))
             })?;
@@ -334,8 +344,8 @@ pub fn unpermute_rows(t: &TensorInfo, data: &[u8], n_heads: u64) -> Result<Vec<u
     }
     let row = data.len() / units;
     if row == 0 {
-        // No data: nothing to move. The loop below is over rows, a billion of them in a
-        // fuzzed 2 KB file.
+        // No data, nothing to move (the importer refuses empty tensors before this; here
+        // the loop over rows would be bounded by the dims alone).
         return Ok(Vec::new());
     }
     let hd = units / n_heads as usize;
@@ -403,10 +413,7 @@ fn fallback(shape: &[u64]) -> DType {
 /// (after row un-permutation, which moves whole rows).
 pub fn target_dtype(mode: QuantMode, m: &MappedTensor) -> (DType, bool) {
     let exact = !m.minus_one;
-    // 1-D and small tensors stay float (SPEC §3.2). Empty ones included: every row codec
-    // stores fields per row, so `[N, 0]` would write O(N) bytes from a source of none (a
-    // fuzzed 1 KB file wrote gigabytes).
-    if m.shape.len() <= 1 || crate::format::dtype::numel(&m.shape).is_none_or(|n| n < 32) {
+    if crate::format::dtype::always_float(&m.shape) {
         return match float_dtype(m.ggml_type) {
             Some(f) if exact => (f, true),
             Some(_) => (DType::F32, false),

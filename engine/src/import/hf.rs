@@ -1181,9 +1181,7 @@ pub fn choose_dtype(name: &str, shape: &[u64], opts: &ConvertOptions) -> (DType,
     if q == DType::F32 {
         return (DType::F32, None);
     }
-    let numel = crate::format::dtype::numel(shape).unwrap_or(u64::MAX);
-    // §3.2: 1-D tensors and those under 32 elements are always f16.
-    if shape.len() <= 1 || numel < 32 {
+    if crate::format::dtype::always_float(shape) {
         return (DType::F16, None);
     }
     if matches!(q, DType::F16 | DType::Bf16) {
