@@ -219,6 +219,17 @@ mod simd {
     }
 
     impl<const R: usize> RowsAvx512 for FloatRows<'_, R, 4> {
+        /// As for [`HalfRows`]: a group of 32 floats is two lines.
+        #[inline(always)]
+        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
+            let row = self.rows.get_unchecked(i);
+            let at = row
+                .as_ptr()
+                .wrapping_add(blk * STEP * 4 + 2 * R * row.len());
+            _mm_prefetch::<_MM_HINT_T1>(at as *const i8);
+            _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(64) as *const i8);
+        }
+
         #[inline(always)]
         unsafe fn load_avx512(&self, i: usize, blk: usize) -> [__m512; 2] {
             let p = self.rows[i][blk * STEP * 4..(blk + 1) * STEP * 4].as_ptr() as *const f32;
@@ -274,6 +285,17 @@ mod simd {
     }
 
     impl<const R: usize, const BF16: bool> RowsAvx512 for HalfRows<'_, R, BF16> {
+        /// Rows are contiguous: row `i` two blocks on is `2·R` rows further; a group of
+        /// 32 halves is one 64-byte line.
+        #[inline(always)]
+        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
+            let row = self.rows.get_unchecked(i);
+            let at = row
+                .as_ptr()
+                .wrapping_add(blk * STEP * 2 + 2 * R * row.len());
+            _mm_prefetch::<_MM_HINT_T1>(at as *const i8);
+        }
+
         #[inline(always)]
         unsafe fn load_avx512(&self, i: usize, blk: usize) -> [__m512; 2] {
             let p = self.rows[i][blk * STEP * 2..(blk + 1) * STEP * 2].as_ptr();

@@ -727,6 +727,11 @@ mod simd {
                 .as_ptr()
                 .wrapping_add(blk * stride + 2 * R * row);
             _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
+            if !TILED && blk % 32 == 0 {
+                let s = self.scales[i].as_ptr();
+                let at = s.wrapping_add(2 * blk + 2 * R * self.scales[i].len());
+                _mm_prefetch::<_MM_HINT_T1>(at as *const i8);
+            }
         }
         #[inline(always)]
         unsafe fn group_scale_simd(&self, i: usize, blk: usize) -> f32 {
