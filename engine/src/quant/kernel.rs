@@ -477,10 +477,15 @@ struct TokenCodes<'a> {
 /// compiled for AVX2 where the CPU has it: the quantizer runs once per product on the
 /// calling thread, and in scalar code it took half of a 64-token prefill product.
 fn quantize_token(xr: &[f32], order: ActOrder, split: bool, out: TokenCodes) {
+    // The level `CORTIQ_SIMD` asks for, as the kernels use, so that each level is measured
+    // whole; every level gives the same codes.
     #[cfg(target_arch = "x86_64")]
-    if Kernel::Avx2.is_available() {
-        // SAFETY: AVX2 and FMA are present (checked just above).
-        return unsafe { quantize_token_avx2(xr, order, split, out) };
+    match Kernel::detect() {
+        // SAFETY: `detect` returns a level only where the CPU has it (AVX-512 F/BW/VL
+        // with AVX2, FMA and F16C; AVX2 with FMA and F16C).
+        Kernel::Avx512 => return unsafe { quantize_token_avx512(xr, order, split, out) },
+        Kernel::Avx2 => return unsafe { quantize_token_avx2(xr, order, split, out) },
+        Kernel::Scalar => {}
     }
     quantize_token_body(xr, order, split, out)
 }
@@ -492,6 +497,16 @@ fn quantize_token(xr: &[f32], order: ActOrder, split: bool, out: TokenCodes) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn quantize_token_avx2(xr: &[f32], order: ActOrder, split: bool, out: TokenCodes) {
+    quantize_token_body(xr, order, split, out)
+}
+
+/// [`quantize_token_body`] vectorised by the compiler for AVX-512.
+///
+/// # Safety
+/// The CPU supports AVX-512 F/BW/VL, AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+unsafe fn quantize_token_avx512(xr: &[f32], order: ActOrder, split: bool, out: TokenCodes) {
     quantize_token_body(xr, order, split, out)
 }
 
@@ -795,8 +810,9 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
     /// their stream; matrix-vector products stream from DRAM and wait on every load
     /// without this. Into L2 (`_MM_HINT_T1`), not L1: weights are read once per token,
     /// and pulling them into L1 evicted the activations every row reuses (T0 measured
-    /// 30–40% slower decode on SmolLM2 and Qwen2.5 at 8 bits). Layouts whose next block
-    /// is not at a fixed distance do nothing.
+    /// 30–40% slower decode on SmolLM2 and Qwen2.5 at 8 bits). Every layout with an
+    /// integer kernel implements it; `vbit`, whose rows differ in length, finds the row
+    /// ahead through its row index.
     ///
     /// # Safety
     /// As [`IntRowsSimd::load_u8`] (the address may lie outside the payload: a prefetch

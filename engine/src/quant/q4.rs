@@ -727,7 +727,7 @@ mod simd {
                 .as_ptr()
                 .wrapping_add(blk * stride + 2 * R * row);
             _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
-            if !TILED && blk % 32 == 0 {
+            if !TILED && blk.is_multiple_of(32) {
                 let s = self.scales[i].as_ptr();
                 let at = s.wrapping_add(2 * blk + 2 * R * self.scales[i].len());
                 _mm_prefetch::<_MM_HINT_T1>(at as *const i8);

@@ -325,7 +325,7 @@ mod simd {
             let at = data.wrapping_add(*self.ahead.get_unchecked(i) + b * blk);
             _mm_prefetch::<_MM_HINT_T1>(at as *const i8);
             _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(2 * b - 1) as *const i8);
-            if blk % 32 == 0 {
+            if blk.is_multiple_of(32) {
                 let s = self.scales.get_unchecked(i).as_ptr();
                 _mm_prefetch::<_MM_HINT_T1>(
                     s.wrapping_add(self.scales_ahead + 2 * blk) as *const i8
