@@ -205,7 +205,23 @@ mod simd {
     use super::{DecodedRows, FloatRows, HalfRows};
     use std::arch::x86_64::*;
 
+    /// Asks L2 for `lines` cache lines from byte `at` of the row `2·R` rows after `row`:
+    /// the rows of a float payload are contiguous and equally long.
+    #[inline(always)]
+    unsafe fn prefetch_ahead<const R: usize>(row: &[u8], at: usize, lines: usize) {
+        let p = row.as_ptr().wrapping_add(at + 2 * R * row.len());
+        for l in 0..lines {
+            _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * l) as *const i8);
+        }
+    }
+
     impl<const R: usize> RowsAvx2 for FloatRows<'_, R, 4> {
+        /// As for [`HalfRows`]: a group of 32 floats is two lines.
+        #[inline(always)]
+        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
+            prefetch_ahead::<R>(self.rows.get_unchecked(i), blk * STEP * 4, 2)
+        }
+
         #[inline(always)]
         unsafe fn load_avx2(&self, i: usize, blk: usize) -> [__m256; 4] {
             let p = self.rows[i][blk * STEP * 4..(blk + 1) * STEP * 4].as_ptr() as *const f32;
@@ -219,17 +235,6 @@ mod simd {
     }
 
     impl<const R: usize> RowsAvx512 for FloatRows<'_, R, 4> {
-        /// As for [`HalfRows`]: a group of 32 floats is two lines.
-        #[inline(always)]
-        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
-            let row = self.rows.get_unchecked(i);
-            let at = row
-                .as_ptr()
-                .wrapping_add(blk * STEP * 4 + 2 * R * row.len());
-            _mm_prefetch::<_MM_HINT_T1>(at as *const i8);
-            _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(64) as *const i8);
-        }
-
         #[inline(always)]
         unsafe fn load_avx512(&self, i: usize, blk: usize) -> [__m512; 2] {
             let p = self.rows[i][blk * STEP * 4..(blk + 1) * STEP * 4].as_ptr() as *const f32;
@@ -271,6 +276,12 @@ mod simd {
     /// f16: `vcvtph2ps`; bf16: zero-extend to 32 bits and shift into the high half
     /// (bf16 is the top half of an f32).
     impl<const R: usize, const BF16: bool> RowsAvx2 for HalfRows<'_, R, BF16> {
+        /// A group of 32 halves is one 64-byte line.
+        #[inline(always)]
+        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
+            prefetch_ahead::<R>(self.rows.get_unchecked(i), blk * STEP * 2, 1)
+        }
+
         #[inline(always)]
         unsafe fn load_avx2(&self, i: usize, blk: usize) -> [__m256; 4] {
             let p = self.rows[i][blk * STEP * 2..(blk + 1) * STEP * 2].as_ptr();
@@ -285,17 +296,6 @@ mod simd {
     }
 
     impl<const R: usize, const BF16: bool> RowsAvx512 for HalfRows<'_, R, BF16> {
-        /// Rows are contiguous: row `i` two blocks on is `2·R` rows further; a group of
-        /// 32 halves is one 64-byte line.
-        #[inline(always)]
-        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
-            let row = self.rows.get_unchecked(i);
-            let at = row
-                .as_ptr()
-                .wrapping_add(blk * STEP * 2 + 2 * R * row.len());
-            _mm_prefetch::<_MM_HINT_T1>(at as *const i8);
-        }
-
         #[inline(always)]
         unsafe fn load_avx512(&self, i: usize, blk: usize) -> [__m512; 2] {
             let p = self.rows[i][blk * STEP * 2..(blk + 1) * STEP * 2].as_ptr();

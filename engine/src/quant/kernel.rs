@@ -155,21 +155,22 @@ pub(crate) trait RowsAvx2: RowsScalar {
     /// # Safety
     /// The CPU supports [`Kernel::Avx2`]; `blk < cols / 32`, `i < R`.
     unsafe fn load_avx2(&self, i: usize, blk: usize) -> [__m256; 4];
+
+    /// As [`IntRowsSimd::prefetch_next`], for the f32-activation kernels (AVX2 and
+    /// AVX-512).
+    ///
+    /// # Safety
+    /// As [`RowsAvx2::load_avx2`]; the address may lie outside the payload.
+    #[inline(always)]
+    unsafe fn prefetch_next_f(&self, _i: usize, _blk: usize) {}
 }
 
 /// AVX-512 decode of a whole step as two 16-lane vectors.
 #[cfg(target_arch = "x86_64")]
-pub(crate) trait RowsAvx512: RowsScalar {
+pub(crate) trait RowsAvx512: RowsAvx2 {
     /// # Safety
     /// The CPU supports [`Kernel::Avx512`]; `blk < cols / 32`, `i < R`.
     unsafe fn load_avx512(&self, i: usize, blk: usize) -> [__m512; 2];
-
-    /// As [`IntRowsSimd::prefetch_next`], for the f32-activation kernel.
-    ///
-    /// # Safety
-    /// As [`RowsAvx512::load_avx512`]; the address may lie outside the payload.
-    #[inline(always)]
-    unsafe fn prefetch_next_f(&self, _i: usize, _blk: usize) {}
 }
 
 /// Everything a row block must implement to run on every kernel of this target.
@@ -268,6 +269,9 @@ pub(crate) unsafe fn fused_avx2<D: RowsAvx2, const R: usize, const T: usize>(
         let k = blk * STEP;
         for (i, acc_i) in acc.iter_mut().enumerate() {
             let w = d.load_avx2(i, blk);
+            if T == 1 {
+                d.prefetch_next_f(i, blk);
+            }
             for (a, x) in acc_i.iter_mut().zip(xs) {
                 let p = x.as_ptr().add(k);
                 let mut s = *a;

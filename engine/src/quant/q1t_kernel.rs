@@ -410,6 +410,19 @@ mod simd {
     }
 
     impl<const R: usize> RowsAvx2 for Q1tRows<'_, R> {
+        /// Rows are contiguous: row `i` two blocks on is `2·R` rows further (as `q4`).
+        #[inline(always)]
+        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
+            if (blk * Q1T_TILE) % 64 >= Q1T_TILE {
+                return;
+            }
+            let row = self.tiles[i].len() - SLACK;
+            let p = self.tiles[i]
+                .as_ptr()
+                .wrapping_add(blk * Q1T_TILE + 2 * R * row);
+            _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
+        }
+
         #[inline(always)]
         unsafe fn load_avx2(&self, i: usize, blk: usize) -> [__m256; 4] {
             // In bounds: `blk < cols/32`, and the row slice has `SLACK` bytes after its
@@ -440,19 +453,6 @@ mod simd {
                 _mm512_permutexvar_ps(d, tbl),
                 _mm512_permutexvar_ps(_mm512_srli_epi32::<16>(d), tbl),
             ]
-        }
-
-        /// Rows are contiguous: row `i` two blocks on is `2·R` rows further (as `q4`).
-        #[inline(always)]
-        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
-            if (blk * Q1T_TILE) % 64 >= Q1T_TILE {
-                return;
-            }
-            let row = self.tiles[i].len() - SLACK;
-            let p = self.tiles[i]
-                .as_ptr()
-                .wrapping_add(blk * Q1T_TILE + 2 * R * row);
-            _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
         }
     }
 

@@ -869,6 +869,11 @@ mod simd {
 
     impl<const R: usize, const TILED: bool> RowsAvx2 for Q4Rows<'_, R, TILED> {
         #[inline(always)]
+        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
+            self.prefetch_next(i, blk)
+        }
+
+        #[inline(always)]
         unsafe fn load_avx2(&self, i: usize, blk: usize) -> [__m256; 4] {
             let (nib, s) = self.group(i, blk);
             group_avx2(nib, h2f(s))
@@ -876,11 +881,6 @@ mod simd {
     }
 
     impl<const R: usize, const TILED: bool> RowsAvx512 for Q4Rows<'_, R, TILED> {
-        #[inline(always)]
-        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
-            self.prefetch_next(i, blk)
-        }
-
         #[inline(always)]
         unsafe fn load_avx512(&self, i: usize, blk: usize) -> [__m512; 2] {
             // In bounds: the kernel calls this for `i < R`, `blk < cols / 32`.
@@ -891,6 +891,11 @@ mod simd {
 
     impl<const R: usize> RowsAvx2 for Q4tpRows<'_, R> {
         #[inline(always)]
+        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
+            self.prefetch_next(i, blk)
+        }
+
+        #[inline(always)]
         unsafe fn load_avx2(&self, i: usize, blk: usize) -> [__m256; 4] {
             let (nib, t) = self.group(i, blk);
             group_avx2(nib, t)
@@ -898,11 +903,6 @@ mod simd {
     }
 
     impl<const R: usize> RowsAvx512 for Q4tpRows<'_, R> {
-        #[inline(always)]
-        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
-            self.prefetch_next(i, blk)
-        }
-
         #[inline(always)]
         unsafe fn load_avx512(&self, i: usize, blk: usize) -> [__m512; 2] {
             let (nib, t) = self.group(i, blk);

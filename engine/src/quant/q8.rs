@@ -425,6 +425,11 @@ mod simd {
     /// multiplies by the converted column field.
     impl<const R: usize, const COL: bool> RowsAvx2 for Q8Rows<'_, R, COL> {
         #[inline(always)]
+        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
+            self.prefetch_next(i, blk)
+        }
+
+        #[inline(always)]
         unsafe fn load_avx2(&self, i: usize, blk: usize) -> [__m256; 4] {
             let p = self.codes[i][blk * STEP..(blk + 1) * STEP].as_ptr();
             let mut w = [
@@ -451,11 +456,6 @@ mod simd {
     }
 
     impl<const R: usize, const COL: bool> RowsAvx512 for Q8Rows<'_, R, COL> {
-        #[inline(always)]
-        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
-            self.prefetch_next(i, blk)
-        }
-
         #[inline(always)]
         unsafe fn load_avx512(&self, i: usize, blk: usize) -> [__m512; 2] {
             let p = self.codes[i][blk * STEP..(blk + 1) * STEP].as_ptr() as *const __m128i;

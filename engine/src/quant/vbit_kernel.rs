@@ -336,6 +336,11 @@ mod simd {
 
     impl<const R: usize> RowsAvx2 for VbitRows<'_, R> {
         #[inline(always)]
+        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
+            self.prefetch_next(i, blk)
+        }
+
+        #[inline(always)]
         unsafe fn load_avx2(&self, i: usize, blk: usize) -> [__m256; 4] {
             let c = self.codes_simd(i, blk);
             let s = _mm256_set1_ps(h2f(self.scale_bits_unchecked(i, blk)));
@@ -350,11 +355,6 @@ mod simd {
     }
 
     impl<const R: usize> RowsAvx512 for VbitRows<'_, R> {
-        #[inline(always)]
-        unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
-            self.prefetch_next(i, blk)
-        }
-
         #[inline(always)]
         unsafe fn load_avx512(&self, i: usize, blk: usize) -> [__m512; 2] {
             let c = self.codes_simd(i, blk);
