@@ -231,11 +231,24 @@ impl Attention {
                     .for_each(|(hq, o)| head(0, hq, o));
             }
         } else {
+            // The query heads of a KV head together where all of them are live.
+            let g = nq / nkv;
             att.par_chunks_mut(nq * hd)
                 .enumerate()
                 .for_each(|(i, row)| {
-                    for (hq, o) in row.chunks_exact_mut(hd).enumerate() {
-                        head(i, hq, o);
+                    for (kvh, outs) in row.chunks_exact_mut(g * hd).enumerate() {
+                        let heads_of = kvh * g..(kvh + 1) * g;
+                        if g > 1
+                            && heads.is_none_or(|live| live[heads_of.clone()].iter().all(|&l| l))
+                        {
+                            let qs =
+                                &q[(i * nq + heads_of.start) * hd..(i * nq + heads_of.end) * hd];
+                            self.attend_group(qs, g, pos0 + i, kvh, kv, outs);
+                        } else {
+                            for (hq, o) in heads_of.zip(outs.chunks_exact_mut(hd)) {
+                                head(i, hq, o);
+                            }
+                        }
                     }
                 });
         }
@@ -251,6 +264,21 @@ impl Attention {
     /// Head output `o` of query `qh` at position `pos` over KV head `kvh`: the keys in
     /// the window up to `pos`, a softmax, the weighted values (see [`super::attend`]).
     fn attend(&self, qh: &[f32], pos: usize, kvh: usize, kv: &LayerKv, o: &mut [f32]) {
+        self.attend_group(qh, 1, pos, kvh, kv, o)
+    }
+
+    /// [`Attention::attend`] of the `g` query heads `qs` (`[g, head_dim]`) that share KV
+    /// head `kvh`, into `outs` (`[g, head_dim]`): their scores are computed together
+    /// ([`attend::scores_group`]), each head's the same as alone.
+    fn attend_group(
+        &self,
+        qs: &[f32],
+        g: usize,
+        pos: usize,
+        kvh: usize,
+        kv: &LayerKv,
+        outs: &mut [f32],
+    ) {
         let c = &self.cfg;
         let hd = c.head_dim;
         let k = self.kernel;
@@ -260,15 +288,18 @@ impl Attention {
         SCORES.with(|cell| {
             let mut scores = cell.borrow_mut();
             let room = (b1 - b0) * KEY_TILE;
-            if scores.len() < room {
-                scores.resize(room, 0.0);
+            if scores.len() < g * room {
+                scores.resize(g * room, 0.0);
             }
-            attend::scores(k, tiles, hd, qh, b0, b1, &mut scores[..room]);
+            attend::scores_group(k, tiles, hd, qs, g, b0, b1, &mut scores[..g * room], room);
             let from = lo - b0 * KEY_TILE;
-            let sc = &mut scores[from..from + pos + 1 - lo];
-            let max = scale_and_max(sc, c.scale, c.softcap);
-            let sum = attend::softmax_exp(k, sc, max);
-            attend::weighted_values(k, &values[lo * hd..(pos + 1) * hd], hd, sc, 1.0 / sum, o);
+            for (h, o) in outs.chunks_exact_mut(hd).enumerate().take(g) {
+                let at = h * room + from;
+                let sc = &mut scores[at..at + pos + 1 - lo];
+                let max = scale_and_max(sc, c.scale, c.softcap);
+                let sum = attend::softmax_exp(k, sc, max);
+                attend::weighted_values(k, &values[lo * hd..(pos + 1) * hd], hd, sc, 1.0 / sum, o);
+            }
         });
     }
 }
