@@ -310,6 +310,117 @@ pub fn weighted_values(k: Kernel, values: &[f32], hd: usize, p: &[f32], inv: f32
     )
 }
 
+/// The softmax weights of `invs.len()` heads over the same keys: head `h`'s are
+/// `p[h·stride ..][..n]`, to be scaled by `invs[h]` (one over their sum).
+pub struct GroupProbs<'a> {
+    pub p: &'a [f32],
+    pub stride: usize,
+    pub n: usize,
+    pub invs: &'a [f32],
+}
+
+/// [`weighted_values`] of the heads of `w` sharing this KV head, head `h`'s output into
+/// `outs[h·hd ..][..hd]`. The same values, bit for bit; on AVX-512, for 2 to 6 heads, each
+/// value vector once loaded meets every head (in dimension chunks that keep all heads'
+/// accumulators in registers).
+pub fn weighted_values_group(
+    k: Kernel,
+    values: &[f32],
+    hd: usize,
+    w: &GroupProbs,
+    outs: &mut [f32],
+) {
+    let (g, n) = (w.invs.len(), w.n);
+    assert!(values.len() >= n * hd && outs.len() == g * hd && w.stride >= n);
+    assert!(w.p.len() >= g.saturating_sub(1) * w.stride + n);
+    #[cfg(target_arch = "x86_64")]
+    if matches!(super::vmath::level(k), super::vmath::Level::Avx512) {
+        let mut run = |f: GroupWeighted| {
+            // SAFETY: AVX-512 F is present (`level` checked it); lengths checked above.
+            unsafe { f(values, hd, w, outs) }
+        };
+        match g {
+            2 => return run(weighted_group_avx512::<2, 4>),
+            3 => return run(weighted_group_avx512::<3, 4>),
+            4 => return run(weighted_group_avx512::<4, 2>),
+            5 => return run(weighted_group_avx512::<5, 2>),
+            6 => return run(weighted_group_avx512::<6, 2>),
+            _ => {}
+        }
+    }
+    for (h, o) in outs.chunks_exact_mut(hd.max(1)).enumerate().take(g) {
+        let ph = &w.p[h * w.stride..h * w.stride + n];
+        weighted_values(k, values, hd, ph, w.invs[h], o);
+    }
+}
+
+/// The signature of [`weighted_group_avx512`].
+#[cfg(target_arch = "x86_64")]
+type GroupWeighted = unsafe fn(&[f32], usize, &GroupProbs, &mut [f32]);
+
+/// `G` heads over dimension chunks of `16·V`: for every lane the operations of
+/// [`weighted_avx512`] (even and odd keys in their own accumulators, in key order, then
+/// `(even + odd)·inv`).
+///
+/// # Safety
+/// AVX-512 F; lengths as [`weighted_values_group`] checked, `w.invs.len() == G`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn weighted_group_avx512<const G: usize, const V: usize>(
+    values: &[f32],
+    hd: usize,
+    w: &GroupProbs,
+    outs: &mut [f32],
+) {
+    let (n, pstride, invs) = (w.n, w.stride, w.invs);
+    let (vp, pp, op) = (values.as_ptr(), w.p.as_ptr(), outs.as_mut_ptr());
+    for d0 in (0..hd).step_by(16 * V) {
+        let masks: [__mmask16; V] = std::array::from_fn(|i| {
+            let len = hd.saturating_sub(d0 + 16 * i).min(16);
+            ((1u32 << len) - 1) as u16
+        });
+        let mut even = [[_mm512_setzero_ps(); V]; G];
+        let mut odd = [[_mm512_setzero_ps(); V]; G];
+        let mut j = 0;
+        while j + 2 <= n {
+            let v0: [__m512; V] = std::array::from_fn(|i| {
+                _mm512_maskz_loadu_ps(masks[i], vp.add(j * hd + d0 + 16 * i))
+            });
+            let v1: [__m512; V] = std::array::from_fn(|i| {
+                _mm512_maskz_loadu_ps(masks[i], vp.add((j + 1) * hd + d0 + 16 * i))
+            });
+            for h in 0..G {
+                let w0 = _mm512_set1_ps(*pp.add(h * pstride + j));
+                let w1 = _mm512_set1_ps(*pp.add(h * pstride + j + 1));
+                for i in 0..V {
+                    even[h][i] = _mm512_fmadd_ps(w0, v0[i], even[h][i]);
+                    odd[h][i] = _mm512_fmadd_ps(w1, v1[i], odd[h][i]);
+                }
+            }
+            j += 2;
+        }
+        if j < n {
+            let v0: [__m512; V] = std::array::from_fn(|i| {
+                _mm512_maskz_loadu_ps(masks[i], vp.add(j * hd + d0 + 16 * i))
+            });
+            for h in 0..G {
+                let w0 = _mm512_set1_ps(*pp.add(h * pstride + j));
+                for i in 0..V {
+                    even[h][i] = _mm512_fmadd_ps(w0, v0[i], even[h][i]);
+                }
+            }
+        }
+        for h in 0..G {
+            let s = _mm512_set1_ps(*invs.get_unchecked(h));
+            for i in 0..V {
+                let r = _mm512_mul_ps(_mm512_add_ps(even[h][i], odd[h][i]), s);
+                _mm512_mask_storeu_ps(op.add(h * hd + d0 + 16 * i), masks[i], r);
+            }
+        }
+    }
+}
+
 fn weighted_scalar(values: &[f32], hd: usize, p: &[f32], inv: f32, o: &mut [f32]) {
     for (d, o) in o.iter_mut().enumerate() {
         *o = weighted_dim(values, hd, p, inv, d);
@@ -456,6 +567,42 @@ mod tests {
                             let bits =
                                 |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                             assert_eq!(bits(row), bits(&want), "hd {hd} g {g} {b0}..{b1} {k:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The weighted values of a group of heads equal each head's own, bit for bit, at every
+    /// level, group size and odd or even key count.
+    #[test]
+    fn grouped_weighted_values_equal_each_heads() {
+        for hd in [24usize, 40, 64, 96, 200] {
+            let mut r = rng(11 * hd as u64);
+            let keys = 37;
+            let values: Vec<f32> = (0..keys * hd).map(|_| r()).collect();
+            for g in 1..=8 {
+                let pstride = keys + 5;
+                let p: Vec<f32> = (0..g * pstride).map(|_| r().abs()).collect();
+                let invs: Vec<f32> = (0..g).map(|_| 0.5 + r().abs()).collect();
+                for n in [1, 2, 17, 36, 37] {
+                    for k in Kernel::available() {
+                        let mut got = vec![f32::NAN; g * hd];
+                        let w = GroupProbs {
+                            p: &p,
+                            stride: pstride,
+                            n,
+                            invs: &invs,
+                        };
+                        weighted_values_group(k, &values, hd, &w, &mut got);
+                        for (h, o) in got.chunks_exact(hd).enumerate() {
+                            let mut want = vec![f32::NAN; hd];
+                            let ph = &p[h * pstride..h * pstride + n];
+                            weighted_values(k, &values, hd, ph, invs[h], &mut want);
+                            let bits =
+                                |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(bits(o), bits(&want), "hd {hd} g {g} n {n} {k:?}");
                         }
                     }
                 }

@@ -84,6 +84,10 @@ impl AttentionScratch {
     }
 }
 
+/// Most query heads per KV head that [`Attention::attend_group`] takes at once (more run
+/// one by one).
+const MAX_GROUP: usize = 8;
+
 thread_local! {
     /// Attention scores of one (token, head); grows to the longest context seen, then
     /// stays, so decoding allocates nothing.
@@ -238,7 +242,7 @@ impl Attention {
                 .for_each(|(i, row)| {
                     for (kvh, outs) in row.chunks_exact_mut(g * hd).enumerate() {
                         let heads_of = kvh * g..(kvh + 1) * g;
-                        if g > 1
+                        if (2..=MAX_GROUP).contains(&g)
                             && heads.is_none_or(|live| live[heads_of.clone()].iter().all(|&l| l))
                         {
                             let qs =
@@ -267,9 +271,10 @@ impl Attention {
         self.attend_group(qh, 1, pos, kvh, kv, o)
     }
 
-    /// [`Attention::attend`] of the `g` query heads `qs` (`[g, head_dim]`) that share KV
-    /// head `kvh`, into `outs` (`[g, head_dim]`): their scores are computed together
-    /// ([`attend::scores_group`]), each head's the same as alone.
+    /// [`Attention::attend`] of the `g ≤ MAX_GROUP` query heads `qs` (`[g, head_dim]`)
+    /// that share KV head `kvh`, into `outs` (`[g, head_dim]`): their scores and weighted
+    /// values are computed together ([`attend::scores_group`],
+    /// [`attend::weighted_values_group`]), each head's the same as alone.
     fn attend_group(
         &self,
         qs: &[f32],
@@ -292,14 +297,22 @@ impl Attention {
                 scores.resize(g * room, 0.0);
             }
             attend::scores_group(k, tiles, hd, qs, g, b0, b1, &mut scores[..g * room], room);
-            let from = lo - b0 * KEY_TILE;
-            for (h, o) in outs.chunks_exact_mut(hd).enumerate().take(g) {
-                let at = h * room + from;
-                let sc = &mut scores[at..at + pos + 1 - lo];
+            let (from, n) = (lo - b0 * KEY_TILE, pos + 1 - lo);
+            let mut invs = [0f32; MAX_GROUP];
+            let invs = &mut invs[..g];
+            for (h, inv) in invs.iter_mut().enumerate() {
+                let sc = &mut scores[h * room + from..h * room + from + n];
                 let max = scale_and_max(sc, c.scale, c.softcap);
-                let sum = attend::softmax_exp(k, sc, max);
-                attend::weighted_values(k, &values[lo * hd..(pos + 1) * hd], hd, sc, 1.0 / sum, o);
+                *inv = 1.0 / attend::softmax_exp(k, sc, max);
             }
+            let values = &values[lo * hd..(pos + 1) * hd];
+            let w = attend::GroupProbs {
+                p: &scores[from..],
+                stride: room,
+                n,
+                invs,
+            };
+            attend::weighted_values_group(k, values, hd, &w, &mut outs[..g * hd]);
         });
     }
 }
