@@ -3,7 +3,7 @@
 
 use cortiq_engine::chat::{ChatError, ChatTemplate, RenderOptions};
 use cortiq_engine::format::DType;
-use cortiq_engine::import::gguf::Gguf;
+use cortiq_engine::import::gguf::{Gguf, TensorInfo};
 use cortiq_engine::import::gguf_import::{
     import_gguf, unpermute_rows, ImportError, ImportReport, QuantMode,
 };
@@ -81,8 +81,8 @@ fn str_format_with_a_key_that_is_not_ascii() {
 /// 25-30 s per run, from a source of none. Empty and small tensors now stay float.
 #[test]
 fn gguf_tensor_with_a_zero_dimension_writes_no_row_fields() {
-    let raw = hex::decode(
-        [
+    let (raw, _) = empty_tensor_of(
+        &[
         "474755460300000001000000000000000f00000000000000140000000000000067656e6572616c2e61726368",
         "69746563747572650800000005000000000000006c6c616d6111000000000000006c6c616d612e626c6f636b",
         "5f636f756e74040000000100000014000000000000006c6c616d612e636f6e746578745f6c656e6774680400",
@@ -108,15 +108,9 @@ fn gguf_tensor_with_a_zero_dimension_writes_no_row_fields() {
         "60583db8189e381f21556e00197757d578bfeef5fd0360aa6233ab1f3a21ee175f857ce5dd415814a0f79882",
         "8ec07d72af9d8da3c2857c2afd54be5129e21f21f4baa2266e714ab5af575462686910d460ebd2a90ea15b40",
         "76d6f9583c3f32081f21",
-        ]
-        .concat(),
-    )
-    .unwrap();
-    let g = Gguf::parse(&raw).unwrap();
-    let t = g.tensor("token_embd.weight").unwrap();
-    assert_eq!(
-        (t.dims.as_slice(), t.nbytes),
-        ([0u64, 352_321_536].as_slice(), 0)
+        ],
+        "token_embd.weight",
+        352_321_536,
     );
     let modes = [
         QuantMode::Keep,
@@ -152,6 +146,15 @@ fn gguf_tensor_with_a_zero_dimension_writes_no_row_fields() {
             "{mode:?}: {e}"
         );
     }
+}
+
+/// A fuzzed GGUF file from its hex `lines`, and its tensor `name`, which the parser must
+/// read as empty: ggml dims `[0, rows]` and no data bytes.
+fn empty_tensor_of(lines: &[&str], name: &str, rows: u64) -> (Vec<u8>, TensorInfo) {
+    let raw = hex::decode(lines.concat()).unwrap();
+    let t = Gguf::parse(&raw).unwrap().tensor(name).unwrap().clone();
+    assert_eq!((t.dims.as_slice(), t.nbytes), ([0u64, rows].as_slice(), 0));
+    (raw, t)
 }
 
 /// Imports `raw` as a GGUF file in each of `modes`; every file written is under 1 MiB (the
@@ -199,8 +202,8 @@ fn within_a_minute<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) ->
 /// nothing.
 #[test]
 fn gguf_head_unpermutation_of_no_data_is_immediate() {
-    let raw = hex::decode(
-        [
+    let (raw, t) = empty_tensor_of(
+        &[
         "474755460300000005000000000000000f00000000000000140000000000000067656e6572616c2e61726368",
         "69746563747572650800000005000000000000006c6c616d6111000000000000006c6c616d612e626c6f636b",
         "5f636f756e74040000000000000014000000000000006c6c616d612e636f6e746578745f6c656e6774680400",
@@ -246,15 +249,9 @@ fn gguf_head_unpermutation_of_no_data_is_immediate() {
         "04fc1f21b484c5ceee8e2d5cf5c9446a0d1aa24a70a3cb14d1c3ddcb54a6e0404c8e21b8d4c80c3a120733aa",
         "acbc1f2111bd25f82ae4ab0152474755460300f3211143d2c78b166f639b1f21c2f5541ace90074d32140000",
         "0cdcf3596fef37cf72200041adf3",
-        ]
-        .concat(),
-    )
-    .unwrap();
-    let g = Gguf::parse(&raw).unwrap();
-    let t = g.tensor("blk.0.attn_q.weight").unwrap();
-    assert_eq!(
-        (t.dims.as_slice(), t.nbytes),
-        ([0u64, 1_023_410_208].as_slice(), 0)
+        ],
+        "blk.0.attn_q.weight",
+        1_023_410_208,
     );
     // At 2^60 rows the old loop never ends: a watchdog turns that hang into a failure.
     let mut huge = t.clone();

@@ -89,8 +89,8 @@ impl AttentionScratch {
 const MAX_GROUP: usize = 8;
 
 thread_local! {
-    /// Attention scores of one (token, head); grows to the longest context seen, then
-    /// stays, so decoding allocates nothing.
+    /// Attention scores of one token's query heads of a KV head, a row each; sized by
+    /// [`reserve_scores`] for the context, so decoding allocates nothing.
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -101,7 +101,8 @@ pub fn reserve_scores(positions: usize) {
         SCORES.with(|cell| {
             let mut s = cell.borrow_mut();
             // Whole tiles: a span starting inside one is read from its first position.
-            let room = positions.next_multiple_of(KEY_TILE) + KEY_TILE;
+            // For a group of heads ([`Attention::attend_group`]), each its own row.
+            let room = MAX_GROUP * (positions.next_multiple_of(KEY_TILE) + KEY_TILE);
             if s.len() < room {
                 s.resize(room, 0.0);
             }
@@ -223,38 +224,36 @@ impl Attention {
             let qh = &q[(i * nq + hq) * hd..(i * nq + hq + 1) * hd];
             self.attend(qh, pos0 + i, hq / (nq / nkv), kv, o);
         };
-        if t == 1 {
-            // A short context is less work than waking the pool for it.
-            if (pos0 + 1) * nq * hd < 1 << 16 {
-                att.chunks_mut(hd)
-                    .enumerate()
-                    .for_each(|(hq, o)| head(0, hq, o));
-            } else {
-                att.par_chunks_mut(hd)
-                    .enumerate()
-                    .for_each(|(hq, o)| head(0, hq, o));
+        // Token `i`'s heads, the query heads of a KV head together where all of them are
+        // live (their scores and weighted values then share each key's loads).
+        let g = nq / nkv;
+        let token = |i: usize, row: &mut [f32]| {
+            for (kvh, outs) in row.chunks_exact_mut(g * hd).enumerate() {
+                let heads_of = kvh * g..(kvh + 1) * g;
+                if (2..=MAX_GROUP).contains(&g)
+                    && heads.is_none_or(|live| live[heads_of.clone()].iter().all(|&l| l))
+                {
+                    let qs = &q[(i * nq + heads_of.start) * hd..(i * nq + heads_of.end) * hd];
+                    self.attend_group(qs, g, pos0 + i, kvh, kv, outs);
+                } else {
+                    for (hq, o) in heads_of.zip(outs.chunks_exact_mut(hd)) {
+                        head(i, hq, o);
+                    }
+                }
             }
-        } else {
-            // The query heads of a KV head together where all of them are live.
-            let g = nq / nkv;
+        };
+        if t > 1 {
             att.par_chunks_mut(nq * hd)
                 .enumerate()
-                .for_each(|(i, row)| {
-                    for (kvh, outs) in row.chunks_exact_mut(g * hd).enumerate() {
-                        let heads_of = kvh * g..(kvh + 1) * g;
-                        if (2..=MAX_GROUP).contains(&g)
-                            && heads.is_none_or(|live| live[heads_of.clone()].iter().all(|&l| l))
-                        {
-                            let qs =
-                                &q[(i * nq + heads_of.start) * hd..(i * nq + heads_of.end) * hd];
-                            self.attend_group(qs, g, pos0 + i, kvh, kv, outs);
-                        } else {
-                            for (hq, o) in heads_of.zip(outs.chunks_exact_mut(hd)) {
-                                head(i, hq, o);
-                            }
-                        }
-                    }
-                });
+                .for_each(|(i, row)| token(i, row));
+        } else if (pos0 + 1) * nq * hd < 1 << 16 {
+            // A short context is less work than waking the pool for it.
+            token(0, att);
+        } else {
+            // A long one: the heads over the pool, one at a time.
+            att.par_chunks_mut(hd)
+                .enumerate()
+                .for_each(|(hq, o)| head(0, hq, o));
         }
         if self.output_gate {
             for (a, &g) in att.iter_mut().zip(&s.gate[..t * nq * hd]) {

@@ -478,8 +478,9 @@ struct TokenCodes<'a> {
 }
 
 /// Quantizes one token `xr` into `out` (see [`QuantizedActs::fill`]), with the loops
-/// compiled for AVX2 where the CPU has it: the quantizer runs once per product on the
-/// calling thread, and in scalar code it took half of a 64-token prefill product.
+/// compiled for the SIMD level the kernels run at (AVX-512 or AVX2): the quantizer runs
+/// once per product on the calling thread, and in scalar code it took half of a 64-token
+/// prefill product (AVX2 code still 11% of a 512-token one on an AVX-512 machine).
 fn quantize_token(xr: &[f32], order: ActOrder, split: bool, out: TokenCodes) {
     // The level `CORTIQ_SIMD` asks for, as the kernels use, so that each level is measured
     // whole; every level gives the same codes.
