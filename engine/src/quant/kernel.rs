@@ -87,6 +87,19 @@ impl Kernel {
         }
     }
 
+    /// Whether the integer kernels of this level may also use AVX-512 VBMI (byte permutes
+    /// and multishifts, for unpacking `vbit` codes): VNNI and VBMI both present.
+    pub fn has_vbmi(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.has_vnni() && features() & F_VBMI != 0
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
     /// Every kernel this CPU runs, scalar first.
     pub fn available() -> Vec<Kernel> {
         [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512]
@@ -100,6 +113,8 @@ const F_AVX2: u8 = 1;
 const F_AVX512: u8 = 2;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const F_VNNI: u8 = 4;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const F_VBMI: u8 = 8;
 const F_DETECTED: u8 = 128;
 
 /// The instruction sets of this CPU as bits, detected on first use.
@@ -126,6 +141,9 @@ fn features() -> u8 {
                 f |= F_AVX512;
                 if is_x86_feature_detected!("avx512vnni") {
                     f |= F_VNNI;
+                }
+                if is_x86_feature_detected!("avx512vbmi") {
+                    f |= F_VBMI;
                 }
             }
         }
@@ -801,6 +819,10 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
     /// [`load_u8`]: IntRowsSimd::load_u8
     const OFFSET8: bool = false;
 
+    /// The rows' loads use AVX-512 VBMI: the AVX-512 integer kernel then runs in an
+    /// instantiation compiled with it. Only rows built where [`Kernel::has_vbmi`] set it.
+    const VBMI: bool = false;
+
     /// The 32 codes of [`IntRowsScalar::codes32`] in the activation order: signed, or
     /// `code + 8` (`q4`: the nibbles as stored, low nibbles first) when
     /// [`IntRowsSimd::OFFSET8`].
@@ -1011,6 +1033,25 @@ unsafe fn int_avx512_vnni_target<
     int_body512::<D, R, T, SPLIT>(d, xs, out)
 }
 
+/// [`int_avx512_vnni_target`] for rows whose loads use AVX-512 VBMI ([`IntRowsSimd::VBMI`]).
+///
+/// # Safety
+/// As [`int_avx512_vnni_target`], and the CPU has AVX-512 VBMI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+unsafe fn int_avx512_vbmi_target<
+    D: IntRowsSimd,
+    const R: usize,
+    const T: usize,
+    const SPLIT: bool,
+>(
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+) {
+    int_body512::<D, R, T, SPLIT>(d, xs, out)
+}
+
 /// See [`int_avx512_vnni_target`].
 ///
 /// # Safety
@@ -1042,7 +1083,9 @@ unsafe fn int_avx<
     xs: &[QToken; T],
     out: &mut [[f32; T]; R],
 ) {
-    if VNNI {
+    if VNNI && D::VBMI {
+        int_avx512_vbmi_target::<D, R, T, SPLIT>(d, xs, out)
+    } else if VNNI {
         int_avx512_vnni_target::<D, R, T, SPLIT>(d, xs, out)
     } else {
         int_avx2_target::<D, R, T, SPLIT>(d, xs, out)

@@ -707,18 +707,40 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-/// `q4` prefill products at the default precision with enough tokens for the packed-panel
-/// kernel (on AVX-512 VNNI): within the scalar reference's f32 bound of it and of one
-/// matrix-vector product per token (the per-group terms are added in another order), and
-/// within the activation-quantization bound of the exact product; rows across and short
-/// of a panel, an odd number of groups, all rows or a subset.
+/// `q4` and `vbit` prefill products at the default precision with enough tokens for the
+/// packed-panel kernel (on AVX-512 VNNI; `q4` on AVX2 too): within the scalar reference's
+/// f32 bound of it and of one matrix-vector product per token (the per-group terms are
+/// added in another order), and within the activation-quantization bound of the exact
+/// product; rows across and short of a panel, an odd number of groups, all rows or a
+/// subset; `vbit` also built by hand, every width with codes over its whole range.
 #[test]
-fn q4_prefill_agrees_with_its_matvecs_and_the_scalar_reference() {
+fn grouped_prefill_agrees_with_its_matvecs_and_the_scalar_reference() {
     use super::matrix::matmul_rows_with;
     let p = Precision::Balanced;
-    for dtype in [DType::Q4Block, DType::Q4Tiled, DType::Q4tp] {
+    let mut cases = Vec::new();
+    for dtype in [
+        DType::Q4Block,
+        DType::Q4Tiled,
+        DType::Q4tp,
+        DType::Vbit,
+        DType::VbitRo,
+    ] {
         for shape in [vec![37u64, 96], vec![70, 64], vec![33, 2080]] {
-            let (bytes, w, g) = encoded(dtype, &shape, 77);
+            let (bytes, w, _) = encoded(dtype, &shape, 77);
+            cases.push((dtype, shape, bytes, w));
+        }
+    }
+    for dtype in [DType::Vbit, DType::VbitRo] {
+        for (si, shape) in [vec![37u64, 96], vec![45, 2080]].into_iter().enumerate() {
+            let (rows, cols) = (shape[0] as usize, shape[1] as usize);
+            let bytes = super::vbit_kernel::hostile_payload(dtype, rows, cols, 90 + si as u64);
+            let w = decode(dtype, &shape, &bytes).unwrap();
+            cases.push((dtype, shape, bytes, w));
+        }
+    }
+    for (dtype, shape, bytes, w) in cases {
+        {
+            let g = geometry(dtype, &shape).unwrap();
             let subset: Vec<u32> = (0..g.rows as u32).filter(|r| r % 4 != 2).collect();
             let mut scalar = Matrix::new(dtype, &shape, &bytes).unwrap();
             scalar.set_kernel(Kernel::Scalar).unwrap();

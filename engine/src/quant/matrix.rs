@@ -51,7 +51,7 @@ use super::q1t_kernel::{self, Q1tActs, Q1tOverlay, Q1tProduct};
 use super::q4::{self, Q4Rows, Q4tpRows, GROUP};
 use super::q8::{Q8Layout, Q8Rows};
 use super::vbit::VbitLayout;
-use super::vbit_kernel::VbitRows;
+use super::vbit_kernel::{VbitRows, VbitRowsVbmi};
 use super::{decode_row, geometry, validate, vbit, Geom, QuantError};
 use crate::format::dtype::DType;
 
@@ -381,6 +381,9 @@ fn block<const R: usize, V: WithRows<R>>(
             DType::Q4Block => v.with_int(k, &Q4Rows::<R, false>::new_at(g, bytes, rs)),
             DType::Q4Tiled => v.with_int(k, &Q4Rows::<R, true>::new_at(g, bytes, rs)),
             DType::Q4tp => v.with_int(k, &q4tp_rows(m, bytes, rs)),
+            DType::Vbit | DType::VbitRo if k.has_vbmi() => {
+                v.with_int(k, &VbitRowsVbmi(vbit_rows(m, bytes, rs)))
+            }
             DType::Vbit | DType::VbitRo => v.with_int(k, &vbit_rows(m, bytes, rs)),
             _ => unreachable!("no integer kernel for {}", m.dtype),
         };
@@ -426,7 +429,11 @@ pub(super) fn q4tp_rows<'a, const R: usize>(
 }
 
 /// Rows `rs` of the `vbit` / `vbit_ro` matrix `m`, located by `m`'s row index.
-fn vbit_rows<'a, const R: usize>(m: &Matrix, bytes: &'a [u8], rs: [usize; R]) -> VbitRows<'a, R> {
+pub(super) fn vbit_rows<'a, const R: usize>(
+    m: &Matrix,
+    bytes: &'a [u8],
+    rs: [usize; R],
+) -> VbitRows<'a, R> {
     match &m.index {
         RowIndex::Vbit { layout, starts } => VbitRows::new_at(*layout, m.geom, bytes, starts, rs),
         _ => unreachable!("a vbit matrix has its row index"),

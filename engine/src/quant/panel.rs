@@ -1,6 +1,6 @@
-//! Prefill's `q8`, `q4` and `q1t` products at the default precision as a blocked matrix-matrix
-//! product on AVX-512 VNNI (and `q4`'s and `q1t`'s on AVX2): weight rows packed into
-//! panels, 16 rows per vector.
+//! Prefill's `q8`, `q4`, `q1t` and `vbit` products at the default precision as a blocked
+//! matrix-matrix product on AVX-512 VNNI (and `q4`'s and `q1t`'s on AVX2): weight rows
+//! packed into panels, 16 rows per vector.
 //!
 //! [`super::kernel::run_wide`] sums a row's codes against a token's int16 activation codes
 //! `k = 256·q + q₂` with the columns in the vector lanes, and so ends every (row, token)
@@ -32,6 +32,12 @@
 //! vector and `vpmaddubsw` summing a group in int16 ([`tile_q4_avx2`]): the same exact
 //! group integers in the same order as the AVX-512 panels, so the same values.
 //!
+//! `vbit` rows are packed the same way, their codes `L − u` (up to 8 bits, `|c| ≤ 128`)
+//! unpacked once per product instead of once per 4 tokens (in the row kernels, SmolLM2's
+//! 512-token prefill ran at a quarter of `q4_block`'s speed). Their group integers may pass 2²⁴, so its conversion to f32 rounds
+//! once (relative 2⁻²⁴), within the same bound. The AVX2 panels do not take them: there
+//! a `vpmaddubsw` pair of 8-bit codes and activation bytes can pass the int16 range.
+//!
 //! `q1t` is packed the same way: its ternary digits are codes `−1, 0, 1` with a scale per
 //! tile of 32, so a `q1t` panel is a `q4` panel whose codes are small. Its overlay is added
 //! to each panel's finished outputs, as the row kernels add it to theirs
@@ -52,6 +58,7 @@ use super::kernel::IntRowsSimd;
 use super::kernel::{h2f_scalar, le16, Kernel, QToken, QuantizedActs, SPLIT_SHIFT};
 use super::matrix::q1t_overlay;
 use super::matrix::q4tp_rows;
+use super::matrix::vbit_rows;
 use super::matrix::Matrix;
 use super::matrix::Out;
 use super::q1::Q1T_ENTRY;
@@ -98,6 +105,9 @@ pub(super) enum Grouped {
     Q4Tiled,
     Q4tp,
     Q1t,
+    /// `vbit` / `vbit_ro`: codes `L − u` of up to 8 bits (AVX-512 VNNI panels only: the
+    /// AVX2 panels' `vpmaddubsw` pairs would saturate on them).
+    Vbit,
 }
 
 /// Fewest tokens a `q4` product runs here with. Its per-group terms are added in another
@@ -121,6 +131,7 @@ fn family(m: &Matrix) -> Option<Family> {
         DType::Q4Tiled if m.is_fused() => Some(Family::Grouped(Grouped::Q4Tiled)),
         DType::Q4tp => Some(Family::Grouped(Grouped::Q4tp)),
         DType::Q1t => Some(Family::Grouped(Grouped::Q1t)),
+        DType::Vbit | DType::VbitRo => Some(Family::Grouped(Grouped::Vbit)),
         _ => None,
     }
 }
@@ -143,7 +154,7 @@ pub(super) fn applies(m: &Matrix, qa: &QuantizedActs, t: usize) -> Option<Family
 /// layouts (`q4`, `q1t`) on a CPU (or a forced level) without AVX-512 VNNI. (The `q8`
 /// panels are AVX-512 only.)
 fn avx2_takes(m: &Matrix, fam: Family) -> bool {
-    let grouped = matches!(fam, Family::Grouped(_));
+    let grouped = matches!(fam, Family::Grouped(g) if g != Grouped::Vbit);
     grouped
         && cfg!(target_arch = "x86_64")
         && m.kernel() != Kernel::Scalar
@@ -556,6 +567,10 @@ macro_rules! with_grouped_rows {
             }
             Grouped::Q1t => {
                 let $d = &Q1tRows::<$r>::new_at($g, $bytes, $rs);
+                $body
+            }
+            Grouped::Vbit => {
+                let $d = &vbit_rows::<$r>($m, $bytes, $rs);
                 $body
             }
         }
@@ -1100,8 +1115,8 @@ const Q4_TILE_TOKENS: usize = 4;
 
 /// 32 `q4` rows × `T` tokens from token `j0`. Per group of 32 columns: both levels' sums
 /// (exact in i32; `B` from `−32896·Σw`), `D = 256·A + B` — the group's exact integer
-/// `Σ c·(256·q + q₂)` — converted to f32 (exact: |D| < 2²⁴) and multiply-added with the
-/// group's scale; the token's scale at the end, then (`q1t`) the overlay's corrections
+/// `Σ c·(256·q + q₂)` — converted to f32 (exact for `q4` and `q1t`: |D| < 2²⁴; `vbit`'s
+/// wider codes may round once) and multiply-added with the group's scale; the token's scale at the end, then (`q1t`) the overlay's corrections
 /// `overlay` (`[token − j0][32 rows]`).
 ///
 /// # Safety
