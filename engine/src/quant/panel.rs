@@ -728,6 +728,10 @@ unsafe fn pack_q4<D: IntRowsSimd>(d: &D, live: usize, half: usize, c4: usize, ds
         let two = g0 + 1 < groups;
         let mut r = [_mm512_setzero_si512(); 16];
         for (i, r) in r.iter_mut().enumerate().take(live) {
+            // Row `i` of the panel after next (`2·16` rows on), which a task packs after
+            // this one: the 16 rows' streams stalled the packer on every load without it.
+            d.prefetch_next(i, g0);
+            d.prefetch_next(i, g0 + 1);
             let lo = d.load_u8(i, g0);
             let hi = if two {
                 d.load_u8(i, g0 + 1)
