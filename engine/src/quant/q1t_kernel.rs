@@ -693,6 +693,65 @@ mod simd {
 
     // ---- the digit-major integer kernel ---------------------------------------------------
 
+    /// Per digit plane `a`, the byte of a step's codes each lane `8·i + j` takes (within
+    /// the 128 bytes of tiles `i & !3 .. (i & !3) + 4`: `32·(i % 4) + 5·j + a`), and which
+    /// lanes take one (`5·j + a < 32`); the others are zero.
+    static DM_PLANES: ([[u8; 64]; 5], [u64; 5]) = {
+        let mut idx = [[0u8; 64]; 5];
+        let mut valid = [0u64; 5];
+        let mut a = 0;
+        while a < 5 {
+            let mut lane = 0;
+            while lane < 64 {
+                let (i, j) = (lane / 8, lane % 8);
+                if 5 * j + a < 32 {
+                    idx[a][lane] = (32 * (i % 4) + 5 * j + a) as u8;
+                    valid[a] |= 1 << lane;
+                }
+                lane += 1;
+            }
+            a += 1;
+        }
+        (idx, valid)
+    };
+
+    /// [`super::DmLevel::push_scalar`]'s layout of one token's codes by byte permutes: per
+    /// step, 4 loads, two `vpermi2b` per digit plane (tiles 0–3 and 4–7) and the planes'
+    /// byte sums by `vpdpbusd` against ones for `c`.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VBMI/VNNI; `x` and `c` hold `s` steps (`DM_X`, `DM_LANES` each) with
+    /// `8·s ≥ groups`, `codes.len() = 32·groups`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni")]
+    pub(super) unsafe fn dm_push(x: &mut [i8], c: &mut [i32], groups: usize, codes: &[i8]) {
+        let steps = groups.div_ceil(DM_TILES);
+        assert!(x.len() >= steps * DM_X && c.len() >= steps * DM_LANES);
+        assert_eq!(codes.len(), groups * STEP);
+        let (idx, valid) = &DM_PLANES;
+        let ones = _mm512_set1_epi8(1);
+        for s in 0..steps {
+            let at = s * DM_TILES * STEP;
+            let v: [__m512i; 4] = std::array::from_fn(|k| {
+                let from = at + 64 * k;
+                let n = codes.len().saturating_sub(from).min(64);
+                let m = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
+                // Masked: nothing past `codes` is read.
+                _mm512_maskz_loadu_epi8(m, codes.as_ptr().wrapping_add(from))
+            });
+            let mut sum = _mm512_setzero_si512();
+            for a in 0..5 {
+                let ix = _mm512_loadu_si512(idx[a].as_ptr() as *const _);
+                let lo = _mm512_maskz_permutex2var_epi8(valid[a] & 0xFFFF_FFFF, v[0], ix, v[1]);
+                let hi = _mm512_maskz_permutex2var_epi8(valid[a] & !0xFFFF_FFFF, v[2], ix, v[3]);
+                let plane = _mm512_or_si512(lo, hi);
+                _mm512_storeu_si512(x.as_mut_ptr().add(s * DM_X + 64 * a) as *mut _, plane);
+                sum = _mm512_dpbusd_epi32(sum, ones, plane);
+            }
+            let neg = _mm512_sub_epi32(_mm512_setzero_si512(), sum);
+            _mm512_storeu_si512(c.as_mut_ptr().add(s * DM_LANES) as *mut _, neg);
+        }
+    }
+
     /// Tiles per step of the digit-major kernel: 8 × 7 code bytes in a 64-byte vector.
     pub(super) const DM_TILES: usize = 8;
     /// Activation bytes per step and token: 5 digit planes of 64 lanes.
@@ -1014,9 +1073,23 @@ impl DmLevel {
         self.key.get(at..at + n) == Some(codes)
     }
 
-    /// Appends token `j`'s codes (`groups` groups) and lays them out digit-major.
+    /// Appends token `j`'s codes (`groups` groups) and lays them out digit-major (with
+    /// byte permutes where the digit-major kernel runs, else [`DmLevel::push_scalar`]).
     fn push(&mut self, j: usize, groups: usize, steps: usize, codes: &[i8]) {
         self.key.extend_from_slice(codes);
+        #[cfg(target_arch = "x86_64")]
+        if dm_available() {
+            let x = &mut self.x[j * steps * DM_X..(j + 1) * steps * DM_X];
+            let c = &mut self.c[j * steps * DM_LANES..(j + 1) * steps * DM_LANES];
+            // SAFETY: `dm_available()` (AVX-512 VBMI, VNNI, F/BW); the slices are one
+            // token's `steps` steps, and `codes` holds `groups ≤ 8·steps` groups.
+            return unsafe { simd::dm_push(x, c, groups, &codes[..groups * STEP]) };
+        }
+        self.push_scalar(j, groups, steps, codes);
+    }
+
+    /// [`DmLevel::push`]'s layout, one code at a time (the reference), without the key.
+    fn push_scalar(&mut self, j: usize, groups: usize, steps: usize, codes: &[i8]) {
         for g in 0..groups {
             let (s, i) = (j * steps + g / DM_TILES, g % DM_TILES);
             let x = &mut self.x[s * DM_X..(s + 1) * DM_X];
@@ -1400,4 +1473,42 @@ pub(crate) fn matmul(cx: &Q1tProduct, y: &mut [f32]) {
             });
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The permuted digit-major layout equals the one-code-at-a-time one, for whole and
+    /// partial steps, codes over the whole i8 range, two tokens in a row.
+    #[test]
+    fn digit_major_push_equals_the_scalar_layout() {
+        if !dm_available() {
+            eprintln!("no AVX-512 VBMI + VNNI on this CPU: only the scalar layout runs");
+            return;
+        }
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        for groups in [1usize, 3, 7, 8, 9, 17, 28, 152] {
+            let steps = groups.div_ceil(DM_TILES);
+            let (mut fast, mut slow) = (DmLevel::default(), DmLevel::default());
+            fast.reset(2, steps);
+            slow.reset(2, steps);
+            for j in 0..2 {
+                let codes: Vec<i8> = (0..groups * STEP)
+                    .map(|_| {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        state as i8
+                    })
+                    .collect();
+                fast.push(j, groups, steps, &codes);
+                slow.key.extend_from_slice(&codes);
+                slow.push_scalar(j, groups, steps, &codes);
+            }
+            assert_eq!(fast.x, slow.x, "{groups} groups: codes");
+            assert_eq!(fast.c, slow.c, "{groups} groups: lane sums");
+            assert_eq!(fast.key, slow.key, "{groups} groups: key");
+        }
+    }
 }
