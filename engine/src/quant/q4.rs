@@ -700,6 +700,30 @@ mod simd {
         _mm512_and_si512(nib, _mm512_set1_epi8(0x0F))
     }
 
+    /// Word `k` of the 18 words of two `q4_tiled` tiles (`[f16 s][16 nibble bytes]` each)
+    /// that word `w` of [`tile_pair_at`]'s vector takes: the first tile's nibble bytes
+    /// (words 1–8) in 128-bit lanes 0 and 1, the second's (words 10–17) in lanes 2 and 3.
+    static TILE_PAIR_WORDS: [u16; 32] = [
+        1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, //
+        10, 11, 12, 13, 14, 15, 16, 17, 10, 11, 12, 13, 14, 15, 16, 17,
+    ];
+
+    /// [`nibble_pair_at`] for two `q4_tiled` tiles at `t` (36 contiguous bytes): one masked
+    /// load of exactly those bytes, one word permute to lanes `[g0, g0, g1, g1]` (the nibble
+    /// bytes start at even offsets, so AVX-512 BW's `vpermw` does it), then the same
+    /// shift and mask. Replaces two group loads, their unpacking and an insert.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW; `t` points at 36 readable bytes.
+    #[inline(always)]
+    unsafe fn tile_pair_at(t: *const u8) -> __m512i {
+        let v = _mm512_maskz_loadu_epi16(0x3_FFFF, t as *const i16);
+        let idx = _mm512_loadu_si512(TILE_PAIR_WORDS.as_ptr() as *const _);
+        let lanes = _mm512_permutexvar_epi16(idx, v);
+        let nib = _mm512_mask_srli_epi16::<4>(lanes, 0xFF00_FF00, lanes);
+        _mm512_and_si512(nib, _mm512_set1_epi8(0x0F))
+    }
+
     impl<const R: usize, const TILED: bool> IntRowsSimd for Q4Rows<'_, R, TILED> {
         const OFFSET8: bool = true;
 
@@ -738,31 +762,43 @@ mod simd {
             h2f(self.group_unchecked(i, blk).1)
         }
 
-        /// `q4_block`: a row's two groups are 32 contiguous bytes ([`nibble_pair_at`]).
+        /// `q4_block`: a row's two groups are 32 contiguous bytes ([`nibble_pair_at`]);
+        /// `q4_tiled`: two tiles are 36 ([`tile_pair_at`]).
         #[inline(always)]
         unsafe fn load_pair_u8(&self, i: usize, blk: usize) -> __m512i {
             if TILED {
-                return _mm512_inserti64x4::<1>(
-                    _mm512_castsi256_si512(self.load_u8(i, blk)),
-                    self.load_u8(i, blk + 1),
-                );
+                // In bounds: tiles `blk` and `blk + 1` of row `i`.
+                let t = self
+                    .data
+                    .get_unchecked(i)
+                    .as_ptr()
+                    .add(blk * super::TILE_BYTES);
+                return tile_pair_at(t);
             }
             // In bounds: groups `blk` and `blk + 1` of row `i` (the caller's contract).
             nibble_pair_at(self.group_unchecked(i, blk).0)
         }
 
-        /// `q4_block`: a row's two scales are 4 contiguous bytes, converted at once.
+        /// `q4_block`: a row's two scales are 4 contiguous bytes, converted at once;
+        /// `q4_tiled`: the words that start two tiles, joined and converted at once.
         #[inline(always)]
         unsafe fn pair_scales(&self, i: usize, blk: usize) -> __m512 {
-            if TILED {
-                return pair_vector(
-                    self.group_scale_simd(i, blk),
-                    self.group_scale_simd(i, blk + 1),
-                );
-            }
-            // In bounds: scales `blk` and `blk + 1` of row `i`.
-            let p = self.scales.get_unchecked(i).as_ptr().add(2 * blk);
-            let two = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()));
+            let bits = if TILED {
+                // In bounds: tiles `blk` and `blk + 1` of row `i`.
+                let t = self
+                    .data
+                    .get_unchecked(i)
+                    .as_ptr()
+                    .add(blk * super::TILE_BYTES);
+                let t1 = t.add(super::TILE_BYTES);
+                let (s0, s1) = ([*t, *t.add(1)], [*t1, *t1.add(1)]);
+                i32::from_le_bytes([s0[0], s0[1], s1[0], s1[1]])
+            } else {
+                // In bounds: scales `blk` and `blk + 1` of row `i`.
+                let p = self.scales.get_unchecked(i).as_ptr().add(2 * blk);
+                (p as *const i32).read_unaligned()
+            };
+            let two = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
             let spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
             _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(two))
         }
