@@ -210,6 +210,8 @@ impl<'a, const R: usize> VbitRows<'a, R> {
         starts: &[usize],
         rs: [usize; R],
     ) -> Self {
+        // The widths are a stream of their own, a byte a row: ask for them 128 rows on.
+        super::kernel::prefetch_l2(bytes, rs[0] + 128);
         let bits = rs.map(|r| bytes[r]);
         let next = |r: usize| {
             starts
