@@ -445,6 +445,9 @@ pub(crate) fn h2f_scalar(bits: u16) -> f32 {
 pub(crate) enum ActOrder {
     /// Elements 0..32 (`q8` codes are stored in this order).
     Natural,
+    /// Elements 0..32, with the `−128·Σx` lanes (`c`, `c2`) for rows whose codes come
+    /// offset by 128 ([`IntRowsSimd::CODE_OFFSET`]: `vbit` on AVX-512 VBMI).
+    NaturalOffset,
     /// Even elements, then odd ones: the order of "low nibbles, then high nibbles" of a
     /// `q4` group, so the weights need no re-interleaving.
     NibblePairs,
@@ -483,10 +486,11 @@ pub(crate) struct QuantizedActs {
     /// `[t, groups]` scales: `d` per group, or when `split` the token's `d/256` (the unit
     /// of the combined sum) in every group.
     d: Vec<f32>,
-    /// `[t, groups, 8]`: `−8 ·` the sum of each 4 consecutive codes, the 8 lanes of a
-    /// 256-bit integer dot. A `q4` group is `Σ (u − 8)·x = Σ u·x − 8·Σ x` with `u` its
-    /// unsigned nibbles: starting the dot from these lanes spares the kernels the
-    /// sign juggling of signed codes (see [`IntRowsSimd::OFFSET8`]).
+    /// `[t, groups, 8]`: `−o ·` the sum of each 4 consecutive codes, the 8 lanes of a
+    /// 256-bit integer dot (`o` = 8 in the `q4` order, 128 in [`ActOrder::NaturalOffset`];
+    /// not filled in [`ActOrder::Natural`]). A `q4` group is `Σ (u − 8)·x = Σ u·x − 8·Σ x`
+    /// with `u` its unsigned nibbles: starting the dot from these lanes spares the kernels
+    /// the sign juggling of signed codes (see [`IntRowsSimd::CODE_OFFSET`]).
     c: Vec<i32>,
     /// The same lanes for `q2` (empty unless `split`).
     c2: Vec<i32>,
@@ -612,12 +616,17 @@ fn quantize_token_body(xr: &[f32], order: ActOrder, split: bool, out: TokenCodes
                 *o = 256 * a as i16 + b as i16;
             }
         }
-        // Only the `q4` kernels (nibble order) start from these lanes.
-        if order == ActOrder::NibblePairs {
+        // Only the kernels of offset codes (`q4`, `vbit` on VBMI) start from these lanes.
+        let offset = match order {
+            ActOrder::Natural => 0,
+            ActOrder::NibblePairs => 8,
+            ActOrder::NaturalOffset => 128,
+        };
+        if offset != 0 {
             let lanes = g * LANES..(g + 1) * LANES;
-            offset_lanes(&q[span.clone()], &mut c[lanes.clone()]);
+            offset_lanes(&q[span.clone()], offset, &mut c[lanes.clone()]);
             if split {
-                offset_lanes(&q2[span], &mut c2[lanes]);
+                offset_lanes(&q2[span], offset, &mut c2[lanes]);
             }
         }
     }
@@ -627,7 +636,7 @@ fn quantize_token_body(xr: &[f32], order: ActOrder, split: bool, out: TokenCodes
 #[inline(always)]
 fn place(codes: &[i8; STEP], order: ActOrder, out: &mut [i8]) {
     match order {
-        ActOrder::Natural => out.copy_from_slice(codes),
+        ActOrder::Natural | ActOrder::NaturalOffset => out.copy_from_slice(codes),
         ActOrder::NibblePairs => {
             let (even, odd) = out.split_at_mut(STEP / 2);
             for (i, (e, o)) in even.iter_mut().zip(odd).enumerate() {
@@ -800,10 +809,10 @@ fn round_code(v: f32) -> i8 {
     r as i8
 }
 
-/// The `−8·Σ` lanes of one group's codes (see [`QuantizedActs::c`]).
-fn offset_lanes(q: &[i8], lanes: &mut [i32]) {
+/// The `−offset·Σ` lanes of one group's codes (see [`QuantizedActs::c`]).
+fn offset_lanes(q: &[i8], offset: i32, lanes: &mut [i32]) {
     for (c, four) in lanes.iter_mut().zip(q.chunks_exact(4)) {
-        *c = -8 * four.iter().map(|&v| v as i32).sum::<i32>();
+        *c = -offset * four.iter().map(|&v| v as i32).sum::<i32>();
     }
 }
 
@@ -824,21 +833,24 @@ pub(crate) trait IntRowsScalar {
 /// SIMD loads of a whole group for the integer kernels.
 #[cfg(target_arch = "x86_64")]
 pub(crate) trait IntRowsSimd: IntRowsScalar {
-    /// Codes are stored as unsigned `u = code + 8` (the `q4` nibbles): [`load_u8`]
-    /// returns `u` and the dot starts from the activations' `−8·Σx` lanes
-    /// ([`QToken::c`]), exactly `Σ code·x` with one multiply-add and no sign fix-up.
-    /// Those lanes are filled for [`ActOrder::NibblePairs`] activations, the `q4` order.
+    /// Nonzero `o`: codes come as unsigned `u = code + o` (the `q4` nibbles, `o` = 8;
+    /// `vbit` on VBMI, `o` = 128): [`load_u8`] returns `u` and the dot starts from the
+    /// activations' `−o·Σx` lanes ([`QToken::c`]), exactly `Σ code·x` with one
+    /// multiply-add and no sign fix-up. Those lanes are filled for
+    /// [`ActOrder::NibblePairs`] (`o` = 8) and [`ActOrder::NaturalOffset`] (`o` = 128)
+    /// activations. 0: signed codes, their signs moved onto the activations. An offset
+    /// above 8 needs VNNI (`vpmaddubsw` pairs would saturate).
     ///
     /// [`load_u8`]: IntRowsSimd::load_u8
-    const OFFSET8: bool = false;
+    const CODE_OFFSET: u8 = 0;
 
     /// The rows' loads use AVX-512 VBMI: the AVX-512 integer kernel then runs in an
     /// instantiation compiled with it. Only rows built where [`Kernel::has_vbmi`] set it.
     const VBMI: bool = false;
 
     /// The 32 codes of [`IntRowsScalar::codes32`] in the activation order: signed, or
-    /// `code + 8` (`q4`: the nibbles as stored, low nibbles first) when
-    /// [`IntRowsSimd::OFFSET8`].
+    /// `code + o` (`q4`: the nibbles as stored, low nibbles first) for a nonzero
+    /// [`IntRowsSimd::CODE_OFFSET`] `o`.
     ///
     /// # Safety
     /// The CPU supports AVX2; `blk < cols / 32`, `i < R`.
@@ -1096,6 +1108,7 @@ unsafe fn int_avx<
     xs: &[QToken; T],
     out: &mut [[f32; T]; R],
 ) {
+    debug_assert!(VNNI || D::CODE_OFFSET <= 8, "offset codes past 8 need VNNI");
     if VNNI && D::VBMI {
         int_avx512_vbmi_target::<D, R, T, SPLIT>(d, xs, out)
     } else if VNNI {
@@ -1179,9 +1192,9 @@ unsafe fn int_step<
     let mut u = [_mm256_setzero_si256(); R];
     let mut ws = [_mm256_set1_ps(1.0); R];
     for i in 0..R {
-        // Unsigned operand of the u8·i8 dot: the stored `code + 8`, or |code| with the
+        // Unsigned operand of the u8·i8 dot: the offset `code + o`, or |code| with the
         // sign moved onto the activations below.
-        u[i] = if D::OFFSET8 {
+        u[i] = if D::CODE_OFFSET != 0 {
             raw[i]
         } else {
             _mm256_abs_epi8(raw[i])
@@ -1200,7 +1213,7 @@ unsafe fn int_step<
         } else {
             _mm256_set1_ps(*x.d.get_unchecked(blk))
         };
-        let start = if D::OFFSET8 {
+        let start = if D::CODE_OFFSET != 0 {
             _mm256_loadu_si256(x.c.as_ptr().add(blk * LANES) as *const __m256i)
         } else {
             _mm256_setzero_si256()
@@ -1210,7 +1223,7 @@ unsafe fn int_step<
         let (xq2, start2) = if SPLIT {
             (
                 _mm256_loadu_si256(x.q2.as_ptr().add(blk * STEP) as *const __m256i),
-                if D::OFFSET8 {
+                if D::CODE_OFFSET != 0 {
                     _mm256_loadu_si256(x.c2.as_ptr().add(blk * LANES) as *const __m256i)
                 } else {
                     _mm256_setzero_si256()
@@ -1248,7 +1261,7 @@ unsafe fn int_dot<D: IntRowsSimd, const VNNI: bool>(
     xq: __m256i,
     raw: __m256i,
 ) -> __m256i {
-    let v = if D::OFFSET8 {
+    let v = if D::CODE_OFFSET != 0 {
         xq
     } else {
         _mm256_sign_epi8(xq, raw)
@@ -1302,7 +1315,7 @@ unsafe fn int_body512<D: IntRowsSimd, const R: usize, const T: usize, const SPLI
                 d.prefetch_next(i, blk);
                 d.prefetch_next(i, blk + 1);
             }
-            if D::OFFSET8 {
+            if D::CODE_OFFSET != 0 {
                 u[i] = raw;
             } else {
                 u[i] = _mm512_abs_epi8(raw);
@@ -1323,7 +1336,7 @@ unsafe fn int_body512<D: IntRowsSimd, const R: usize, const T: usize, const SPLI
                 let pair_d = _mm_castpd_ps(_mm_load_sd(x.d.as_ptr().add(blk) as *const f64));
                 _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(pair_d))
             };
-            let start = if D::OFFSET8 {
+            let start = if D::CODE_OFFSET != 0 {
                 _mm512_loadu_si512(x.c.as_ptr().add(blk * LANES) as *const _)
             } else {
                 _mm512_setzero_si512()
@@ -1331,7 +1344,7 @@ unsafe fn int_body512<D: IntRowsSimd, const R: usize, const T: usize, const SPLI
             let (xq2, start2) = if SPLIT {
                 (
                     _mm512_loadu_si512(x.q2.as_ptr().add(blk * STEP) as *const _),
-                    if D::OFFSET8 {
+                    if D::CODE_OFFSET != 0 {
                         _mm512_loadu_si512(x.c2.as_ptr().add(blk * LANES) as *const _)
                     } else {
                         _mm512_setzero_si512()
@@ -1342,7 +1355,7 @@ unsafe fn int_body512<D: IntRowsSimd, const R: usize, const T: usize, const SPLI
             };
             for i in 0..R {
                 let signed = |v: __m512i| {
-                    if D::OFFSET8 {
+                    if D::CODE_OFFSET != 0 {
                         v
                     } else {
                         _mm512_mask_sub_epi8(v, neg[i], _mm512_setzero_si512(), v)
@@ -1466,7 +1479,7 @@ unsafe fn wide_avx512_target<D: IntRowsSimd, const R: usize, const T: usize>(
     d: &D,
     xs: &[QToken; T],
 ) -> [[i64; T]; R] {
-    debug_assert!(!D::OFFSET8, "row-scaled codes are signed");
+    debug_assert!(D::CODE_OFFSET == 0, "row-scaled codes are signed");
     let full = d.cols() / STEP;
     let mut sums = [[0i64; T]; R];
     for chunk in wide_chunks(d.cols()) {
@@ -1532,7 +1545,7 @@ unsafe fn wide_avx2_target<D: IntRowsSimd, const R: usize, const T: usize>(
     d: &D,
     xs: &[QToken; T],
 ) -> [[i64; T]; R] {
-    debug_assert!(!D::OFFSET8, "row-scaled codes are signed");
+    debug_assert!(D::CODE_OFFSET == 0, "row-scaled codes are signed");
     let full = d.cols() / STEP;
     let mut sums = [[0i64; T]; R];
     for chunk in wide_chunks(d.cols()) {
@@ -1582,10 +1595,8 @@ unsafe fn wide_avx2_target<D: IntRowsSimd, const R: usize, const T: usize>(
 unsafe fn partial_codes<D: IntRowsSimd>(d: &D, i: usize, blk: usize) -> __m256i {
     let mut c = [0i8; STEP];
     d.codes32(i, blk, &mut c);
-    if D::OFFSET8 {
-        for v in &mut c {
-            *v += 8;
-        }
+    for v in &mut c {
+        *v = v.wrapping_add(D::CODE_OFFSET as i8);
     }
     _mm256_loadu_si256(c.as_ptr() as *const __m256i)
 }

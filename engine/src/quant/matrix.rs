@@ -291,6 +291,8 @@ trait WithRows<const R: usize> {
 /// The activation order of `m`'s integer kernel, if it has one.
 fn int_order(m: &Matrix) -> Option<ActOrder> {
     match m.dtype {
+        // `vbit` on VBMI: codes offset by 128 ([`VbitRowsVbmi`]).
+        DType::Vbit | DType::VbitRo if m.kernel.has_vbmi() => Some(ActOrder::NaturalOffset),
         DType::Q8Row | DType::Q8_2f | DType::Q1t | DType::Vbit | DType::VbitRo => {
             Some(ActOrder::Natural)
         }

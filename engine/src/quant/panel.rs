@@ -721,7 +721,7 @@ unsafe fn pack_q4<D: IntRowsSimd>(d: &D, live: usize, half: usize, c4: usize, ds
     let (corr, scales) = tail.split_at_mut(groups * PANEL);
     let levels = transpose_indices();
     // What `load_u8` adds to a code: 8 for nibbles, 0 for signed codes (`q1t`).
-    let bias = if D::OFFSET8 { 8 } else { 0 };
+    let bias = D::CODE_OFFSET as i8;
     let (ones, eight) = (_mm512_set1_epi8(1), _mm512_set1_epi8(bias));
     for pair in 0..groups.div_ceil(2) {
         let g0 = 2 * pair;
@@ -785,7 +785,7 @@ unsafe fn pack_grouped_avx2<D: IntRowsSimd>(
     assert!(dst.len() == panel_len(Family::Grouped(Grouped::Q4Block), c4) && live <= 8);
     let (codes, tail) = dst.split_at_mut(c4.next_multiple_of(16) * PANEL);
     let (corr, scales) = tail.split_at_mut(groups * PANEL);
-    let bias = _mm256_set1_epi8(if D::OFFSET8 { 8 } else { 0 });
+    let bias = _mm256_set1_epi8(D::CODE_OFFSET as i8);
     let (ones8, ones16) = (_mm256_set1_epi8(1), _mm256_set1_epi16(1));
     for g in 0..groups {
         let mut r = [_mm256_setzero_si256(); 8];

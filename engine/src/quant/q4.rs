@@ -725,7 +725,7 @@ mod simd {
     }
 
     impl<const R: usize, const TILED: bool> IntRowsSimd for Q4Rows<'_, R, TILED> {
-        const OFFSET8: bool = true;
+        const CODE_OFFSET: u8 = 8;
 
         #[inline(always)]
         unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {
@@ -805,7 +805,7 @@ mod simd {
     }
 
     impl<const R: usize> IntRowsSimd for Q4tpRows<'_, R> {
-        const OFFSET8: bool = true;
+        const CODE_OFFSET: u8 = 8;
 
         #[inline(always)]
         unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {

@@ -121,8 +121,8 @@ pub(crate) struct PairTable {
     shift: [u8; 64],
     /// `2^b − 1`.
     mask: [u8; 64],
-    /// The zero point `L`.
-    zero: [i8; 64],
+    /// `L + 128`: the codes come as `L − u + 128`, unsigned.
+    top: [u8; 64],
 }
 
 const fn pair_table(b: u8) -> PairTable {
@@ -130,7 +130,7 @@ const fn pair_table(b: u8) -> PairTable {
         perm: [0; 64],
         shift: [0; 64],
         mask: [0; 64],
-        zero: [0; 64],
+        top: [0; 64],
     };
     let b = b as usize;
     let mut p = 0;
@@ -139,7 +139,7 @@ const fn pair_table(b: u8) -> PairTable {
         t.perm[p] = (b * m + if j + b >= 8 { 7 - j } else { 0 }) as u8;
         t.shift[p] = (64 - (j + 1) * b) as u8;
         t.mask[p] = ((1 << b) - 1) as u8;
-        t.zero[p] = zero_point(b as u8) as i8;
+        t.top[p] = (zero_point(b as u8) + 128) as u8;
         p += 1;
     }
     t
@@ -164,11 +164,6 @@ fn width_index(b: u8) -> usize {
         6 => 3,
         _ => 4,
     }
-}
-
-/// The [`WidthTable`] of a validated width.
-fn table_of(b: u8) -> &'static WidthTable {
-    &WIDTHS[width_index(b)]
 }
 
 /// `R` rows of a validated `vbit` / `vbit_ro` payload (any rows: a task mask's live
@@ -212,28 +207,35 @@ impl<'a, const R: usize> VbitRows<'a, R> {
     ) -> Self {
         // The widths are a stream of their own, a byte a row: ask for them 128 rows on.
         super::kernel::prefetch_l2(bytes, rs[0] + 128);
-        let bits = rs.map(|r| bytes[r]);
-        let next = |r: usize| {
-            starts
-                .get(r + 2 * R)
-                .map_or(0, |&n| n.saturating_sub(starts[r]))
-        };
-        VbitRows {
-            ahead: rs.map(next),
-            scales_ahead: 2 * R * 2 * l.gpr,
-            data: std::array::from_fn(|i| {
-                &bytes[l.packed + starts[rs[i]]..l.packed + starts[rs[i] + 1]]
-            }),
-            scales: std::array::from_fn(|i| {
-                &bytes[l.scales + 2 * rs[i] * l.gpr..l.scales + 2 * (rs[i] + 1) * l.gpr]
-            }),
-            table: bits.map(table_of),
-            pair: bits.map(|b| &PAIRS[width_index(b)]),
-            pair_mask: bits.map(|b| u64::MAX >> (64 - 8 * b as u32)),
+        // One pass over the rows, each row's fields together: built per block of rows in
+        // every product, the per-field passes (array maps with their own checks) were
+        // about 850 instructions for 8 rows, a tenth of a cache-warm matrix-vector product.
+        let packed = &bytes[l.packed..];
+        let sb = 2 * l.gpr;
+        let mut v = VbitRows {
+            data: [&bytes[..0]; R],
+            scales: [&bytes[..0]; R],
+            bits: [0; R],
+            table: [&WIDTHS[0]; R],
+            pair: [&PAIRS[0]; R],
+            pair_mask: [0; R],
             payload_end: bytes.as_ptr() as usize + bytes.len(),
-            bits,
             cols: g.cols,
+            ahead: [0; R],
+            scales_ahead: 2 * R * sb,
+        };
+        for (i, &r) in rs.iter().enumerate() {
+            let (b, from, to) = (bytes[r], starts[r], starts[r + 1]);
+            let w = width_index(b);
+            v.data[i] = &packed[from..to];
+            v.scales[i] = &bytes[l.scales + sb * r..l.scales + sb * (r + 1)];
+            v.bits[i] = b;
+            v.table[i] = &WIDTHS[w];
+            v.pair[i] = &PAIRS[w];
+            v.pair_mask[i] = u64::MAX >> (64 - 8 * b as u32);
+            v.ahead[i] = starts.get(r + 2 * R).map_or(0, |&n| n.saturating_sub(from));
         }
+        v
     }
 
     /// Whether both 16-byte half loads of the `b`-bit group starting at `p` (the second
@@ -429,13 +431,19 @@ mod simd {
 
     impl<const R: usize> IntRowsSimd for VbitRowsVbmi<'_, R> {
         const VBMI: bool = true;
+        /// The codes `L − u` come as `L − u + 128`, unsigned: the dot starts from the
+        /// activations' `−128·Σx` lanes ([`super::super::kernel::ActOrder::NaturalOffset`])
+        /// instead of moving every code's sign onto the activations (per row and pair an
+        /// absolute value and a sign mask, per token two blends).
+        const CODE_OFFSET: u8 = 128;
 
+        /// [`VbitRows`]'s codes plus 128 (the top bit flipped).
         #[inline(always)]
         unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {
-            self.0.codes_simd(i, blk)
+            _mm256_xor_si256(self.0.codes_simd(i, blk), _mm256_set1_epi8(-128))
         }
 
-        /// The 64 codes `L − u` of groups `blk` and `blk + 1` of row `i` (see
+        /// The 64 codes `L − u + 128` of groups `blk` and `blk + 1` of row `i` (see
         /// [`super::PairTable`]).
         ///
         /// # Safety
@@ -453,7 +461,7 @@ mod simd {
             let u =
                 _mm512_multishift_epi64_epi8(_mm512_load_si512(t.shift.as_ptr() as *const _), w);
             let u = _mm512_and_si512(u, _mm512_load_si512(t.mask.as_ptr() as *const _));
-            _mm512_sub_epi8(_mm512_load_si512(t.zero.as_ptr() as *const _), u)
+            _mm512_sub_epi8(_mm512_load_si512(t.top.as_ptr() as *const _), u)
         }
 
         #[inline(always)]
@@ -738,7 +746,8 @@ mod tests {
                         let scales = [v.group_scale(0, blk), v.group_scale(0, blk + 1)];
                         let (got, got_scales) = unsafe { vbmi_pair(VbitRowsVbmi(v), blk) };
                         let what = format!("{dtype} {rows}×{cols} row {r} ({b} bits) pair {blk}");
-                        assert_eq!(got, want, "{what}");
+                        // The codes come offset by 128.
+                        assert_eq!(got.map(|c| c ^ -128), want, "{what}");
                         for (l, s) in got_scales.iter().enumerate() {
                             assert_eq!(s.to_bits(), scales[l / 8].to_bits(), "{what} lane {l}");
                         }
