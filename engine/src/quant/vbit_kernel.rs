@@ -758,4 +758,85 @@ mod tests {
         // Some pairs ended exactly where the payload does.
         assert!(last_pairs > 0);
     }
+
+    /// `out = rows · tokens` of `d` through the integer kernel of `k`, the activations
+    /// quantized in `order`.
+    #[cfg(target_arch = "x86_64")]
+    fn product<D: super::super::kernel::IntRows, const T: usize>(
+        d: &D,
+        x: &[f32],
+        cols: usize,
+        order: super::super::kernel::ActOrder,
+        split: bool,
+    ) -> [[f32; T]; 8] {
+        use super::super::kernel::{run_int, Kernel, QuantizedActs};
+        let mut qa = QuantizedActs::default();
+        qa.fill(x, T, cols, None, order, split);
+        let xs = std::array::from_fn(|j| qa.token(j));
+        let mut out = [[0f32; T]; 8];
+        run_int::<D, 8, T>(Kernel::Avx512, d, &xs, &mut out);
+        out
+    }
+
+    /// The VBMI rows (codes offset by 128, pairs unpacked by permutes) against the plain
+    /// rows in the same AVX-512 VNNI kernel, bit for bit: a CPU with VNNI but without VBMI
+    /// runs the plain ones, which this CPU's dispatch otherwise never reaches.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vbmi_rows_equal_the_plain_rows_in_the_vnni_kernel() {
+        use super::super::kernel::{ActOrder, Kernel};
+        if !Kernel::Avx512.has_vbmi() {
+            eprintln!("no AVX-512 VBMI on this CPU: only the plain rows run here");
+            return;
+        }
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut x = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|k| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    // An outlier now and then, as real activations have.
+                    let v = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                    if k % 97 == 5 {
+                        40.0 * v
+                    } else {
+                        v
+                    }
+                })
+                .collect()
+        };
+        for dtype in [DType::Vbit, DType::VbitRo] {
+            for (si, &(rows, cols)) in SHAPES.iter().enumerate() {
+                let bytes = hostile_payload(dtype, rows, cols, 40 + si as u64);
+                let shape = [rows as u64, cols as u64];
+                let g = geometry(dtype, &shape).unwrap();
+                let starts = vbit::row_starts(g, &bytes).unwrap();
+                let l = vbit::VbitLayout::new(dtype, g).unwrap();
+                // Any 8 rows, repeats and the last row included.
+                let rs: [usize; 8] = std::array::from_fn(|i| (3 * i + si) % rows);
+                let plain = VbitRows::<8>::new_at(l, g, &bytes, &starts, rs);
+                let vbmi = VbitRowsVbmi(VbitRows::<8>::new_at(l, g, &bytes, &starts, rs));
+                for split in [false, true] {
+                    let what = format!("{dtype} {rows}×{cols} split {split}");
+                    let x1 = x(cols);
+                    let a = product::<_, 1>(&plain, &x1, cols, ActOrder::Natural, split);
+                    let b = product::<_, 1>(&vbmi, &x1, cols, ActOrder::NaturalOffset, split);
+                    assert_eq!(
+                        a.map(|r| r.map(f32::to_bits)),
+                        b.map(|r| r.map(f32::to_bits)),
+                        "{what}, 1 token"
+                    );
+                    let x3 = x(3 * cols);
+                    let a = product::<_, 3>(&plain, &x3, cols, ActOrder::Natural, split);
+                    let b = product::<_, 3>(&vbmi, &x3, cols, ActOrder::NaturalOffset, split);
+                    assert_eq!(
+                        a.map(|r| r.map(f32::to_bits)),
+                        b.map(|r| r.map(f32::to_bits)),
+                        "{what}, 3 tokens"
+                    );
+                }
+            }
+        }
+    }
 }
