@@ -88,16 +88,10 @@ impl Kernel {
     }
 
     /// Whether the integer kernels of this level may also use AVX-512 VBMI (byte permutes
-    /// and multishifts, for unpacking `vbit` codes): VNNI and VBMI both present.
+    /// and multishifts: `vbit` unpacking, `q1t`'s digit-major kernel): VNNI and VBMI both
+    /// present.
     pub fn has_vbmi(self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            self.has_vnni() && features() & F_VBMI != 0
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
+        self.has_vnni() && avx512_vbmi()
     }
 
     /// Every kernel this CPU runs, scalar first.
@@ -113,7 +107,6 @@ const F_AVX2: u8 = 1;
 const F_AVX512: u8 = 2;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const F_VNNI: u8 = 4;
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const F_VBMI: u8 = 8;
 const F_DETECTED: u8 = 128;
 
@@ -150,6 +143,11 @@ fn features() -> u8 {
     }
     CACHE.store(f, Ordering::Relaxed);
     f
+}
+
+/// Whether the CPU runs [`Kernel::Avx512`] and has AVX-512 VBMI (detected once).
+pub(crate) fn avx512_vbmi() -> bool {
+    features() & (F_AVX512 | F_VBMI) == F_AVX512 | F_VBMI
 }
 
 /// `R` weight rows as the scalar loop sees them.
@@ -1043,39 +1041,34 @@ pub(crate) fn int_scalar<D: IntRowsScalar, const R: usize, const T: usize>(
 /// # Safety
 /// The CPU supports AVX2 + FMA + F16C, and AVX-512 F/BW/VL/VNNI when `VNNI`; the token
 /// lengths match `d` (checked by [`run_int`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn int_avx512_vnni_target<
-    D: IntRowsSimd,
-    const R: usize,
-    const T: usize,
-    const SPLIT: bool,
->(
-    d: &D,
-    xs: &[QToken; T],
-    out: &mut [[f32; T]; R],
-) {
-    int_body512::<D, R, T, SPLIT>(d, xs, out)
+macro_rules! int_body512_target {
+    ($(#[$attr:meta])* $name:ident, $features:literal) => {
+        $(#[$attr])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<D: IntRowsSimd, const R: usize, const T: usize, const SPLIT: bool>(
+            d: &D,
+            xs: &[QToken; T],
+            out: &mut [[f32; T]; R],
+        ) {
+            int_body512::<D, R, T, SPLIT>(d, xs, out)
+        }
+    };
 }
 
-/// [`int_avx512_vnni_target`] for rows whose loads use AVX-512 VBMI ([`IntRowsSimd::VBMI`]).
-///
-/// # Safety
-/// As [`int_avx512_vnni_target`], and the CPU has AVX-512 VBMI.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
-unsafe fn int_avx512_vbmi_target<
-    D: IntRowsSimd,
-    const R: usize,
-    const T: usize,
-    const SPLIT: bool,
->(
-    d: &D,
-    xs: &[QToken; T],
-    out: &mut [[f32; T]; R],
-) {
-    int_body512::<D, R, T, SPLIT>(d, xs, out)
-}
+int_body512_target!(
+    /// [`int_body512`] compiled for AVX-512 VNNI (see the macro above for the kernel).
+    int_avx512_vnni_target,
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
+);
+int_body512_target!(
+    /// [`int_avx512_vnni_target`] for rows whose loads use AVX-512 VBMI
+    /// ([`IntRowsSimd::VBMI`]): the same body, in an instantiation of its own, because the
+    /// compiler may emit VBMI anywhere in a function compiled with it and CPUs with VNNI
+    /// but no VBMI (Cascade Lake) run the other one. Safety: as there, and VBMI present.
+    int_avx512_vbmi_target,
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c"
+);
 
 /// See [`int_avx512_vnni_target`].
 ///

@@ -739,57 +739,55 @@ fn grouped_prefill_agrees_with_its_matvecs_and_the_scalar_reference() {
         }
     }
     for (dtype, shape, bytes, w) in cases {
-        {
-            let g = geometry(dtype, &shape).unwrap();
-            let subset: Vec<u32> = (0..g.rows as u32).filter(|r| r % 4 != 2).collect();
-            let mut scalar = Matrix::new(dtype, &shape, &bytes).unwrap();
-            scalar.set_kernel(Kernel::Scalar).unwrap();
-            for t in [16usize, 23, 40] {
-                let x = activations(t * g.cols, 300 + t as u64);
-                let bound = int_bound(&w, g.rows, g.cols, &x, t, p);
-                // The size of the terms the kernels add: the one-level bound's.
-                let size = fast_bound(&w, g.rows, g.cols, &x, t);
-                let mut ys = vec![0.0; t * g.rows];
-                matmul_with(&scalar, &bytes, &x, t, &mut ys, p);
-                let groups = g.cols / 32;
-                for k in Kernel::available() {
-                    let mut m = scalar.clone();
-                    m.set_kernel(k).unwrap();
-                    let mut y = vec![f32::NAN; t * g.rows];
-                    matmul_with(&m, &bytes, &x, t, &mut y, p);
-                    let mut yv = vec![f32::NAN; t * g.rows];
-                    for i in 0..t {
-                        let xi = &x[i * g.cols..(i + 1) * g.cols];
-                        matvec_with(&m, &bytes, xi, &mut yv[i * g.rows..(i + 1) * g.rows], p);
-                    }
-                    let mut yp = vec![f32::NAN; t * subset.len()];
-                    matmul_rows_with(&m, &bytes, &x, t, &subset, &mut yp, p);
-                    for e in 0..t * g.rows {
-                        let (exact, quant) = bound[e];
-                        let tol = 2.0 * tolerance(groups + 8, (size[e].1 + exact.abs()) * 4.0);
-                        let what = format!("{dtype} {shape:?} {k:?} t={t} entry {e}");
-                        assert!(
-                            (y[e] as f64 - ys[e] as f64).abs() <= tol,
-                            "{what}: {} vs scalar {}",
-                            y[e],
-                            ys[e]
-                        );
-                        assert!(
-                            (y[e] as f64 - yv[e] as f64).abs() <= tol,
-                            "{what}: {} vs matvec {}",
-                            y[e],
-                            yv[e]
-                        );
-                        assert!(
-                            (y[e] as f64 - exact).abs() <= quant,
-                            "{what}: {} vs exact {exact}",
-                            y[e]
-                        );
-                        let (j, r) = (e / g.rows, e % g.rows);
-                        if let Ok(s) = subset.binary_search(&(r as u32)) {
-                            let got = yp[j * subset.len() + s];
-                            assert_eq!(got.to_bits(), y[e].to_bits(), "{what}: a subset of rows");
-                        }
+        let g = geometry(dtype, &shape).unwrap();
+        let subset: Vec<u32> = (0..g.rows as u32).filter(|r| r % 4 != 2).collect();
+        let mut scalar = Matrix::new(dtype, &shape, &bytes).unwrap();
+        scalar.set_kernel(Kernel::Scalar).unwrap();
+        for t in [16usize, 23, 40] {
+            let x = activations(t * g.cols, 300 + t as u64);
+            let bound = int_bound(&w, g.rows, g.cols, &x, t, p);
+            // The size of the terms the kernels add: the one-level bound's.
+            let size = fast_bound(&w, g.rows, g.cols, &x, t);
+            let mut ys = vec![0.0; t * g.rows];
+            matmul_with(&scalar, &bytes, &x, t, &mut ys, p);
+            let groups = g.cols / 32;
+            for k in Kernel::available() {
+                let mut m = scalar.clone();
+                m.set_kernel(k).unwrap();
+                let mut y = vec![f32::NAN; t * g.rows];
+                matmul_with(&m, &bytes, &x, t, &mut y, p);
+                let mut yv = vec![f32::NAN; t * g.rows];
+                for i in 0..t {
+                    let xi = &x[i * g.cols..(i + 1) * g.cols];
+                    matvec_with(&m, &bytes, xi, &mut yv[i * g.rows..(i + 1) * g.rows], p);
+                }
+                let mut yp = vec![f32::NAN; t * subset.len()];
+                matmul_rows_with(&m, &bytes, &x, t, &subset, &mut yp, p);
+                for e in 0..t * g.rows {
+                    let (exact, quant) = bound[e];
+                    let tol = 2.0 * tolerance(groups + 8, (size[e].1 + exact.abs()) * 4.0);
+                    let what = format!("{dtype} {shape:?} {k:?} t={t} entry {e}");
+                    assert!(
+                        (y[e] as f64 - ys[e] as f64).abs() <= tol,
+                        "{what}: {} vs scalar {}",
+                        y[e],
+                        ys[e]
+                    );
+                    assert!(
+                        (y[e] as f64 - yv[e] as f64).abs() <= tol,
+                        "{what}: {} vs matvec {}",
+                        y[e],
+                        yv[e]
+                    );
+                    assert!(
+                        (y[e] as f64 - exact).abs() <= quant,
+                        "{what}: {} vs exact {exact}",
+                        y[e]
+                    );
+                    let (j, r) = (e / g.rows, e % g.rows);
+                    if let Ok(s) = subset.binary_search(&(r as u32)) {
+                        let got = yp[j * subset.len() + s];
+                        assert_eq!(got.to_bits(), y[e].to_bits(), "{what}: a subset of rows");
                     }
                 }
             }

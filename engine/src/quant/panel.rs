@@ -34,9 +34,10 @@
 //!
 //! `vbit` rows are packed the same way, their codes `L − u` (up to 8 bits, `|c| ≤ 128`)
 //! unpacked once per product instead of once per 4 tokens (in the row kernels, SmolLM2's
-//! 512-token prefill ran at a quarter of `q4_block`'s speed). Their group integers may pass 2²⁴, so its conversion to f32 rounds
-//! once (relative 2⁻²⁴), within the same bound. The AVX2 panels do not take them: there
-//! a `vpmaddubsw` pair of 8-bit codes and activation bytes can pass the int16 range.
+//! 512-token prefill ran at a quarter of `q4_block`'s speed). A group integer of such
+//! codes may pass 2²⁴, so its conversion to f32 rounds once (relative 2⁻²⁴), within the
+//! same bound. The AVX2 panels do not take them: there a `vpmaddubsw` pair of 8-bit codes
+//! and activation bytes can pass the int16 range.
 //!
 //! `q1t` is packed the same way: its ternary digits are codes `−1, 0, 1` with a scale per
 //! tile of 32, so a `q1t` panel is a `q4` panel whose codes are small. Its overlay is added
@@ -1120,8 +1121,9 @@ const Q4_TILE_TOKENS: usize = 4;
 /// 32 `q4` rows × `T` tokens from token `j0`. Per group of 32 columns: both levels' sums
 /// (exact in i32; `B` from `−32896·Σw`), `D = 256·A + B` — the group's exact integer
 /// `Σ c·(256·q + q₂)` — converted to f32 (exact for `q4` and `q1t`: |D| < 2²⁴; `vbit`'s
-/// wider codes may round once) and multiply-added with the group's scale; the token's scale at the end, then (`q1t`) the overlay's corrections
-/// `overlay` (`[token − j0][32 rows]`).
+/// wider codes may round once) and multiply-added with the group's scale; the token's
+/// scale at the end, then (`q1t`) the overlay's corrections `overlay`
+/// (`[token − j0][32 rows]`).
 ///
 /// # Safety
 /// As [`panel_tokens`], with a grouped panel and `j0 + T ≤ d.len()`.

@@ -481,9 +481,7 @@ mod simd {
 
     /// Whether this CPU runs [`exact_rows`] (AVX-512 VBMI on top of [`Kernel::Avx512`]).
     pub(super) fn exact_available() -> bool {
-        use std::sync::OnceLock;
-        static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| Kernel::Avx512.is_available() && is_x86_feature_detected!("avx512vbmi"))
+        super::kernel::avx512_vbmi()
     }
 
     /// f16 word `l` ← the scale of tile `l % 8` of a step (words 8..16 are negated after
@@ -801,15 +799,9 @@ mod simd {
     };
 
     /// Whether this CPU runs the digit-major kernel (AVX-512 VBMI and VNNI on top of
-    /// [`Kernel::Avx512`]); detected once.
+    /// [`Kernel::Avx512`]): [`Kernel::has_vbmi`], as the `vbit` kernels ask.
     pub(super) fn dm_available() -> bool {
-        use std::sync::OnceLock;
-        static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| {
-            Kernel::Avx512.is_available()
-                && is_x86_feature_detected!("avx512vbmi")
-                && is_x86_feature_detected!("avx512vnni")
-        })
+        Kernel::Avx512.has_vbmi()
     }
 
     /// One token's digit-major activations (the first step's; step `c` is `c` strides on),
@@ -1487,21 +1479,14 @@ mod tests {
             eprintln!("no AVX-512 VBMI + VNNI on this CPU: only the scalar layout runs");
             return;
         }
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut rng = crate::synth::Rng::new(7);
         for groups in [1usize, 3, 7, 8, 9, 17, 28, 152] {
             let steps = groups.div_ceil(DM_TILES);
             let (mut fast, mut slow) = (DmLevel::default(), DmLevel::default());
             fast.reset(2, steps);
             slow.reset(2, steps);
             for j in 0..2 {
-                let codes: Vec<i8> = (0..groups * STEP)
-                    .map(|_| {
-                        state ^= state << 13;
-                        state ^= state >> 7;
-                        state ^= state << 17;
-                        state as i8
-                    })
-                    .collect();
+                let codes: Vec<i8> = (0..groups * STEP).map(|_| rng.next_u64() as i8).collect();
                 fast.push(j, groups, steps, &codes);
                 slow.key.extend_from_slice(&codes);
                 slow.push_scalar(j, groups, steps, &codes);

@@ -742,8 +742,8 @@ mod tests {
                         let (w0, w1) = want.split_at_mut(STEP);
                         v.codes32(0, blk, w0.try_into().unwrap());
                         v.codes32(0, blk + 1, w1.try_into().unwrap());
-                        // SAFETY: VBMI (and F/BW/VL) present; `blk + 1 < cols / 32`.
                         let scales = [v.group_scale(0, blk), v.group_scale(0, blk + 1)];
+                        // SAFETY: VBMI (and F/BW/VL) present; `blk + 1 < cols / 32`.
                         let (got, got_scales) = unsafe { vbmi_pair(VbitRowsVbmi(v), blk) };
                         let what = format!("{dtype} {rows}×{cols} row {r} ({b} bits) pair {blk}");
                         // The codes come offset by 128.
@@ -789,15 +789,12 @@ mod tests {
             eprintln!("no AVX-512 VBMI on this CPU: only the plain rows run here");
             return;
         }
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rng = crate::synth::Rng::new(9);
         let mut x = |n: usize| -> Vec<f32> {
             (0..n)
                 .map(|k| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
                     // An outlier now and then, as real activations have.
-                    let v = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                    let v = rng.unit() - 0.5;
                     if k % 97 == 5 {
                         40.0 * v
                     } else {
