@@ -357,7 +357,7 @@ def parse(c, out):
         return {"decode": j.get("decode_tok_s_steady") or j["decode_tok_s"],
                 "prefill": j["prefill_tok_s"]}, j
     v = {"decode": j["decode_tok_s"], "prefill": j["prefill_tok_s"], "ttft": j["ttft_s"],
-         "rss": j["peak_rss_bytes"], "allocs": j["allocs_per_token"],
+         "rss": j["peak_rss_bytes"], "rss_base": j.get("baseline_rss_bytes"), "allocs": j["allocs_per_token"],
          "wbpt": j["weight_bytes_per_token"], "bound": j["model_bytes"] + j["kv_bytes"],
          "precision": j["precision"], "kernel": j["kernel"], "tokens": j["decode_tokens"]}
     return v, j
@@ -450,7 +450,7 @@ for (model, t), n in sorted(gguf_notes.items()):
 print()
 print("| model | format | peer | tok | decode default | exact | balanced | fast | ref | llama.cpp | ÷llama | ÷ref "
       "| eff. GB/s (% DRAM) | prefill 64 | llama | ÷ | prefill 512 | llama | ÷ | TTFT ms 64/512 "
-      "| peak RSS MiB (file+KV) | allocs/tok | ppl |")
+      "| peak RSS − before model = model's MiB (file+KV) | allocs/tok | ppl |")
 print("|" + "---|" * 23)
 for model in MODELS:
     for fmt in FORMATS:
@@ -486,8 +486,15 @@ for model in MODELS:
         peer_names = slash([t + ("" if ggufs.get((model, t)) else " (none)") for t in peers])
         eff = "—" if d is None or wbpt is None else (
             f"{wbpt * d / 1e9:.1f}" + (f" ({100 * wbpt * d / dram:.0f}%)" if dram else ""))
-        rss_cell = "—" if rss is None else f"{rss / 2**20:.0f} ({bound / 2**20:.0f})" + (
-            " over" if rss > bound else "")
+        base, _, _ = med("ours", model, fmt, "default", "rss_base")
+        if rss is None:
+            rss_cell = "—"
+        else:
+            # The model's share: the peak less what the process held before it opened the
+            # model (code, libraries), against the file plus the KV cache.
+            own = rss - (base or 0)
+            rss_cell = f"{rss / 2**20:.0f} − {(base or 0) / 2**20:.0f} = {own / 2**20:.0f} ({bound / 2**20:.0f})" + (
+                " over" if own > bound else "")
         print(f"| {model} | {fmt} | {peer_names} | {tokens_of[(model, fmt)]} | "
               f"{cell(d, one=d1)} {prec} | {cols['exact']} | {cols['balanced']} | {cols['fast']} | {cell(rd, one=r1)} | "
               f"{slash([cell(x) for x in ld])} | {ratio(d, ld)} | {ratio(d, [rd])} | {eff} | "

@@ -249,9 +249,17 @@ fn bench_reports_the_design_keys() {
     );
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let j = json(&o);
-    for k in ["prefill_tok_s", "decode_tok_s", "ttft_s", "peak_rss_bytes"] {
+    for k in [
+        "prefill_tok_s",
+        "decode_tok_s",
+        "ttft_s",
+        "peak_rss_bytes",
+        "baseline_rss_bytes",
+    ] {
         assert!(j[k].as_f64().is_some_and(|v| v > 0.0), "{k}: {j}");
     }
+    // The process before the model is part of the peak, never more.
+    assert!(j["baseline_rss_bytes"].as_f64() <= j["peak_rss_bytes"].as_f64());
 }
 
 /// `bench --json` on `file` (16-token prompt, 8 tokens, 2 repetitions, 1 thread) with

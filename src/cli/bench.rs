@@ -82,8 +82,18 @@ pub struct Args {
 
 /// Peak resident set size of this process (`VmHWM`), in bytes.
 pub fn peak_rss_bytes() -> Option<u64> {
+    status_bytes("VmHWM:")
+}
+
+/// Resident set size of this process now (`VmRSS`), in bytes.
+fn rss_bytes() -> Option<u64> {
+    status_bytes("VmRSS:")
+}
+
+/// A size field of `/proc/self/status` (given in kB), in bytes.
+fn status_bytes(field: &str) -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = s.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }
@@ -170,6 +180,10 @@ pub fn run(a: &Args) -> CmdResult {
             "--prompt-tokens, --tokens and --repeat must be at least 1",
         ));
     }
+    // What the process holds before the model (its code, libraries, runtime), so that
+    // the model's own share of the peak (weights touched, KV, tokenizer, buffers) can be
+    // told apart from it.
+    let baseline_rss = rss_bytes();
     let load_start = Instant::now();
     let model = a.model.load()?;
     let load_s = load_start.elapsed().as_secs_f64();
@@ -379,6 +393,7 @@ pub fn run(a: &Args) -> CmdResult {
             "decode_tok_s": dc,
             "ttft_s": tt,
             "peak_rss_bytes": rss,
+            "baseline_rss_bytes": baseline_rss,
             "load_s": load_s,
             "threads": threads,
             "prompt_tokens": a.prompt_tokens,
@@ -403,7 +418,7 @@ pub fn run(a: &Args) -> CmdResult {
         emit(&format!(
             "{}\n  threads {threads}, prompt {} tokens, decode {} tokens, median of {}\n  \
              prefill {pf:.1} tok/s   decode {dc:.1} tok/s   ttft {:.1} ms\n  \
-             load {:.1} ms   peak RSS {}\n",
+             load {:.1} ms   peak RSS {} ({} before the model opened)\n",
             a.model.file.display(),
             a.prompt_tokens,
             a.tokens,
@@ -411,6 +426,7 @@ pub fn run(a: &Args) -> CmdResult {
             tt * 1e3,
             load_s * 1e3,
             rss.map_or("?".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
+            baseline_rss.map_or("?".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
         ))?;
         emit(&format!(
             "  kernel {kernel}, precision {precision}; {:.1} MiB of weights per token \
