@@ -419,6 +419,7 @@ fn block<const R: usize, V: WithRows<R>>(
 }
 
 /// Rows `rs` of the `q4tp` matrix `m`, their ladders from `m`'s index.
+#[inline]
 pub(super) fn q4tp_rows<'a, const R: usize>(
     m: &Matrix,
     bytes: &'a [u8],
@@ -431,6 +432,7 @@ pub(super) fn q4tp_rows<'a, const R: usize>(
 }
 
 /// Rows `rs` of the `vbit` / `vbit_ro` matrix `m`, located by `m`'s row index.
+#[inline]
 pub(super) fn vbit_rows<'a, const R: usize>(
     m: &Matrix,
     bytes: &'a [u8],

@@ -459,6 +459,7 @@ pub(crate) struct Q4Rows<'a, const R: usize, const TILED: bool> {
 impl<'a, const R: usize, const TILED: bool> Q4Rows<'a, R, TILED> {
     /// Rows `rs` (any `R` rows, e.g. a task mask's live neurons) of a validated payload
     /// with `cols % 32 == 0`.
+    #[inline]
     pub fn new_at(g: Geom, bytes: &'a [u8], rs: [usize; R]) -> Self {
         debug_assert_eq!(g.cols % GROUP, 0);
         let gpr = g.cols / GROUP;
@@ -558,6 +559,7 @@ impl<'a, const R: usize> Q4tpRows<'a, R> {
 
     /// [`Q4tpRows::new_at`] with each row's [`q4tp_ladder_base`] already at hand (a
     /// matrix keeps them: two `exp2` per row and product were half of a decode's time).
+    #[inline]
     pub fn with_bases(g: Geom, bytes: &'a [u8], rs: [usize; R], bases: [[f32; 2]; R]) -> Self {
         let l = Q4tpLayout::new(g);
         let mult: [f32; R] = std::array::from_fn(|i| bases[i][1]);

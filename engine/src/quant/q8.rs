@@ -329,6 +329,7 @@ pub(crate) struct Q8Rows<'a, const R: usize, const COL: bool> {
 
 impl<'a, const R: usize, const COL: bool> Q8Rows<'a, R, COL> {
     /// Rows `rs` (any `R` rows, e.g. a task mask's live neurons) of a validated payload.
+    #[inline]
     pub fn new_at(g: Geom, bytes: &'a [u8], rs: [usize; R]) -> Self {
         let l = Q8Layout::new(g);
         // The row scales are a stream of their own, 2 bytes a row, which the kernels'

@@ -198,6 +198,7 @@ impl<'a, const R: usize> VbitRows<'a, R> {
     /// `starts` is the start of every packed row relative to the packed area
     /// ([`super::vbit::row_starts`]). Both come from the matrix's index, computed at load:
     /// a product builds one of these per block of rows.
+    #[inline]
     pub fn new_at(
         l: VbitLayout,
         g: Geom,
