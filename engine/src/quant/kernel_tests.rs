@@ -930,3 +930,21 @@ fn quantize_simd_equals_the_scalar_body() {
     }
     assert_eq!(checked, 11 * 6 * 3 * 2);
 }
+
+/// The block conversion of row scales equals the scalar one on every f16 bit pattern
+/// (NaNs as NaNs), for a full block of 8 and for shorter ones.
+#[test]
+fn f16_block_conversion_equals_the_scalar_one() {
+    use super::kernel::{f16s_to_f32, h2f_scalar};
+    let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+    for base in (0..=u16::MAX).step_by(8) {
+        let bits: [u16; 8] = std::array::from_fn(|i| base + i as u16);
+        for (b, f) in bits.iter().zip(f16s_to_f32(bits)) {
+            assert!(same(f, h2f_scalar(*b)), "{b:#06x}");
+        }
+        let three: [u16; 3] = [bits[0], bits[3], bits[7]];
+        for (b, f) in three.iter().zip(f16s_to_f32(three)) {
+            assert!(same(f, h2f_scalar(*b)), "{b:#06x}");
+        }
+    }
+}

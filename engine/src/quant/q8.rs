@@ -12,7 +12,6 @@
 use super::kernel::{IntRowsScalar, RowsScalar, STEP};
 use super::{absmax, rd_f16, round_scale, step_error_bound, Geom, QuantError};
 use crate::format::dtype::DType;
-use half::slice::HalfFloatSliceExt;
 
 /// Largest code magnitude the encoders produce (`absmax / 127`).
 pub const Q8_MAX: f32 = 127.0;
@@ -337,11 +336,9 @@ impl<'a, const R: usize, const COL: bool> Q8Rows<'a, R, COL> {
         // lead). Without it, reading the scales here waited on DRAM once every 32 rows
         // (6% of a SmolLM2 q8_row decode, nearly all of it on that load).
         super::kernel::prefetch_l2(bytes, l.scales + 2 * (rs[0] + 64));
-        // The row scales converted together: one conversion call (F16C where the CPU has
-        // it) instead of one per row, each with its own feature check.
-        let bits = rs.map(|r| half::f16::from_bits(super::kernel::le16(bytes, l.scales + 2 * r)));
-        let mut scale = [0f32; R];
-        bits.convert_to_f32_slice(&mut scale);
+        // The row scales converted together (one F16C conversion where the CPU has it).
+        let bits = std::array::from_fn(|i| super::kernel::le16(bytes, l.scales + 2 * rs[i]));
+        let scale = super::kernel::f16s_to_f32(bits);
         Q8Rows {
             codes: std::array::from_fn(|i| &bytes[rs[i] * g.cols..(rs[i] + 1) * g.cols]),
             scale,
