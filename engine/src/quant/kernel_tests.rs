@@ -863,15 +863,20 @@ fn vbit_products_on_every_width_and_code() {
     }
 }
 
-/// The hand-written AVX-512 quantizer gives the scalar body's codes, scales and offset
+/// The hand-written AVX2 and AVX-512 quantizers give the scalar body's codes, scales and offset
 /// lanes bit for bit: every order, one and two levels, rows with a partial last group,
 /// outliers, zero, subnormal, infinite and NaN groups.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn quantize_simd_equals_the_scalar_body() {
-    use super::kernel::{quantize_token_avx512, quantize_token_body, ActOrder, TokenCodes, STEP};
-    if !Kernel::Avx512.is_available() {
-        eprintln!("no AVX-512 on this CPU: only the scalar quantizer runs here");
+    use super::kernel::{quantize_token_avx2, quantize_token_avx512};
+    use super::kernel::{quantize_token_body, ActOrder, TokenCodes, STEP};
+    let levels: Vec<Kernel> = [Kernel::Avx2, Kernel::Avx512]
+        .into_iter()
+        .filter(|k| k.is_available())
+        .collect();
+    if levels.is_empty() {
+        eprintln!("no AVX2 on this CPU: only the scalar quantizer runs here");
         return;
     }
     let mut rng = crate::synth::Rng::new(0x9e37);
@@ -895,7 +900,7 @@ fn quantize_simd_equals_the_scalar_body() {
                 for split in [false, true] {
                     let groups = len.div_ceil(STEP);
                     let wide = split && order == ActOrder::Natural;
-                    let run = |simd: bool| {
+                    let run = |simd: Kernel| {
                         let mut q = vec![0i8; groups * STEP];
                         let mut q2 = vec![0i8; if split { groups * STEP } else { 0 }];
                         let mut k = vec![0i16; if wide { groups * STEP } else { 0 }];
@@ -910,25 +915,31 @@ fn quantize_simd_equals_the_scalar_body() {
                             c: &mut c,
                             c2: &mut c2,
                         };
-                        if simd {
-                            // SAFETY: AVX-512 checked above; buffers sized as `fill` does.
-                            unsafe { quantize_token_avx512(&x, order, split, out) }
-                        } else {
-                            quantize_token_body(&x, order, split, out)
+                        match simd {
+                            // SAFETY: each level is in `levels` only where the CPU has
+                            // it; buffers sized as `fill` does.
+                            Kernel::Avx512 => unsafe {
+                                quantize_token_avx512(&x, order, split, out)
+                            },
+                            Kernel::Avx2 => unsafe { quantize_token_avx2(&x, order, split, out) },
+                            Kernel::Scalar => quantize_token_body(&x, order, split, out),
                         }
                         let d: Vec<u32> = d.iter().map(|v| v.to_bits()).collect();
                         (q, q2, k, d, c, c2)
                     };
-                    assert!(
-                        run(true) == run(false),
-                        "len {len}, case {case}, {order:?}, split {split}"
-                    );
-                    checked += 1;
+                    let scalar = run(Kernel::Scalar);
+                    for &level in &levels {
+                        assert!(
+                            run(level) == scalar,
+                            "{level:?}: len {len}, case {case}, {order:?}, split {split}"
+                        );
+                        checked += 1;
+                    }
                 }
             }
         }
     }
-    assert_eq!(checked, 11 * 6 * 3 * 2);
+    assert_eq!(checked, 11 * 6 * 3 * 2 * levels.len());
 }
 
 /// The block conversion of row scales equals the scalar one on every f16 bit pattern
