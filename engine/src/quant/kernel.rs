@@ -482,6 +482,17 @@ pub(crate) enum ActOrder {
     NibblePairs,
 }
 
+impl ActOrder {
+    /// The offset of the weight codes this order serves (see [`QuantizedActs::c`]).
+    fn offset(self) -> i32 {
+        match self {
+            ActOrder::Natural => 0,
+            ActOrder::NibblePairs => 8,
+            ActOrder::NaturalOffset => 128,
+        }
+    }
+}
+
 /// Activations `[t, cols]` quantized for the integer kernels; reused across calls.
 ///
 /// One level (`Precision::Fast`): `x ≈ d·q`, `q` in `-127..=127`, `d = absmax/127` per
@@ -541,6 +552,18 @@ pub(super) struct TokenCodes<'a> {
     pub c2: &'a mut [i32],
 }
 
+impl TokenCodes<'_> {
+    /// Panics unless the buffers are sized as [`QuantizedActs::fill`] sizes them for a
+    /// token of `len` activations (the SIMD quantizers write through raw pointers).
+    fn check(&self, len: usize, split: bool) {
+        let groups = self.d.len();
+        assert!(groups * STEP >= len && len + STEP > groups * STEP);
+        assert!(self.q.len() == groups * STEP && self.c.len() == groups * LANES);
+        assert!(!split || (self.q2.len() == groups * STEP && self.c2.len() == groups * LANES));
+        assert!(self.k.is_empty() || self.k.len() == groups * STEP);
+    }
+}
+
 /// Quantizes one token `xr` into `out` (see [`QuantizedActs::fill`]), with the loops
 /// compiled for the SIMD level the kernels run at (AVX-512 or AVX2): the quantizer runs
 /// once per product on the calling thread, and in scalar code it took half of a 64-token
@@ -559,6 +582,28 @@ fn quantize_token(xr: &[f32], order: ActOrder, split: bool, out: TokenCodes) {
     quantize_token_body(xr, order, split, out)
 }
 
+/// A group's 32 codes in the nibble-pair order: even bytes then odd ones within each
+/// 128-bit lane, then the lanes' halves gathered.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn nibble_pairs_256(y: __m256i) -> __m256i {
+    let pairs = _mm256_setr_epi8(
+        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5,
+        7, 9, 11, 13, 15,
+    );
+    _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(y, pairs))
+}
+
+/// [`offset_lanes`] of a group's 32 codes into `out` (8 lanes).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn offset_lanes_256(codes: __m256i, offset: i32, out: *mut i32) {
+    let pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), codes);
+    let sums = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    let neg = _mm256_mullo_epi32(sums, _mm256_set1_epi32(-offset));
+    _mm256_storeu_si256(out as *mut __m256i, neg);
+}
+
 /// [`quantize_token_body`] in AVX2 by hand, as [`quantize_token_avx512`] in four 8-lane
 /// vectors per group (the compiler's version was 7% of a SmolLM2 q4_block 64-token
 /// prefill at this level): the same operations per element, so the same codes, scales
@@ -575,25 +620,14 @@ pub(super) unsafe fn quantize_token_avx2(
     split: bool,
     out: TokenCodes,
 ) {
+    out.check(xr.len(), split);
     let TokenCodes { q, q2, k, d, c, c2 } = out;
     let groups = d.len();
-    assert!(groups * STEP >= xr.len() && xr.len() + STEP > groups * STEP);
-    assert!(q.len() == groups * STEP && c.len() == groups * LANES);
-    assert!(!split || (q2.len() == groups * STEP && c2.len() == groups * LANES));
-    assert!(k.is_empty() || k.len() == groups * STEP);
     let sign = _mm256_set1_epi32(i32::MAX);
     let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
-    let pairs = _mm256_setr_epi8(
-        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5,
-        7, 9, 11, 13, 15,
-    );
     // `packs` interleaves 128-bit lanes; this puts the four 8-code pieces back in order.
     let unlace = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    let offset = match order {
-        ActOrder::Natural => 0,
-        ActOrder::NibblePairs => 8,
-        ActOrder::NaturalOffset => 128,
-    };
+    let offset = order.offset();
     let token_amax = if split { Some(absmax_of(xr)) } else { None };
     let token_scale = token_amax.map(|a| (a / 127.0, 127.0 / a));
     for g in 0..groups {
@@ -669,10 +703,7 @@ pub(super) unsafe fn quantize_token_avx2(
             let y = _mm256_permutevar8x32_epi32(w, unlace);
             match order {
                 ActOrder::Natural | ActOrder::NaturalOffset => y,
-                ActOrder::NibblePairs => {
-                    let s = _mm256_shuffle_epi8(y, pairs);
-                    _mm256_permute4x64_epi64::<0b11_01_10_00>(s)
-                }
+                ActOrder::NibblePairs => nibble_pairs_256(y),
             }
         };
         let qa = bytes(&a);
@@ -694,15 +725,9 @@ pub(super) unsafe fn quantize_token_avx2(
             }
         }
         if offset != 0 {
-            let lanes = |codes: __m256i, out: *mut i32| {
-                let pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), codes);
-                let sums = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-                let neg = _mm256_mullo_epi32(sums, _mm256_set1_epi32(-offset));
-                _mm256_storeu_si256(out as *mut __m256i, neg);
-            };
-            lanes(qa, c.as_mut_ptr().add(g * LANES));
+            offset_lanes_256(qa, offset, c.as_mut_ptr().add(g * LANES));
             if split {
-                lanes(qb, c2.as_mut_ptr().add(g * LANES));
+                offset_lanes_256(qb, offset, c2.as_mut_ptr().add(g * LANES));
             }
         }
     }
@@ -727,24 +752,12 @@ pub(super) unsafe fn quantize_token_avx512(
     split: bool,
     out: TokenCodes,
 ) {
+    out.check(xr.len(), split);
     let TokenCodes { q, q2, k, d, c, c2 } = out;
     let groups = d.len();
-    assert!(groups * STEP >= xr.len() && xr.len() + STEP > groups * STEP);
-    assert!(q.len() == groups * STEP && c.len() == groups * LANES);
-    assert!(!split || (q2.len() == groups * STEP && c2.len() == groups * LANES));
-    assert!(k.is_empty() || k.len() == groups * STEP);
     let sign = _mm512_set1_epi32(i32::MAX);
     let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
-    // Even bytes then odd ones within each 128-bit lane, then the lanes' halves gathered.
-    let pairs = _mm256_setr_epi8(
-        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5,
-        7, 9, 11, 13, 15,
-    );
-    let offset = match order {
-        ActOrder::Natural => 0,
-        ActOrder::NibblePairs => 8,
-        ActOrder::NaturalOffset => 128,
-    };
+    let offset = order.offset();
     // Split: one scale for the token (the body computes the same values per group). Not
     // in a closure: `absmax_of` must inline into this function's target features.
     let token_amax = if split { Some(absmax_of(xr)) } else { None };
@@ -805,10 +818,7 @@ pub(super) unsafe fn quantize_token_avx512(
             let y = _mm256_set_m128i(_mm512_cvtepi32_epi8(x[1]), _mm512_cvtepi32_epi8(x[0]));
             match order {
                 ActOrder::Natural | ActOrder::NaturalOffset => y,
-                ActOrder::NibblePairs => {
-                    let s = _mm256_shuffle_epi8(y, pairs);
-                    _mm256_permute4x64_epi64::<0b11_01_10_00>(s)
-                }
+                ActOrder::NibblePairs => nibble_pairs_256(y),
             }
         };
         let qa = bytes(a);
@@ -829,16 +839,9 @@ pub(super) unsafe fn quantize_token_avx512(
             }
         }
         if offset != 0 {
-            let lanes = |codes: __m256i, out: *mut i32| {
-                let ones = _mm256_set1_epi8(1);
-                let pairs = _mm256_maddubs_epi16(ones, codes);
-                let sums = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-                let neg = _mm256_mullo_epi32(sums, _mm256_set1_epi32(-offset));
-                _mm256_storeu_si256(out as *mut __m256i, neg);
-            };
-            lanes(qa, c.as_mut_ptr().add(g * LANES));
+            offset_lanes_256(qa, offset, c.as_mut_ptr().add(g * LANES));
             if split {
-                lanes(qb, c2.as_mut_ptr().add(g * LANES));
+                offset_lanes_256(qb, offset, c2.as_mut_ptr().add(g * LANES));
             }
         }
     }
@@ -911,11 +914,7 @@ pub(super) fn quantize_token_body(xr: &[f32], order: ActOrder, split: bool, out:
             }
         }
         // Only the kernels of offset codes (`q4`, `vbit` on VBMI) start from these lanes.
-        let offset = match order {
-            ActOrder::Natural => 0,
-            ActOrder::NibblePairs => 8,
-            ActOrder::NaturalOffset => 128,
-        };
+        let offset = order.offset();
         if offset != 0 {
             let lanes = g * LANES..(g + 1) * LANES;
             offset_lanes(&q[span.clone()], offset, &mut c[lanes.clone()]);
