@@ -33,6 +33,10 @@
 #   LLAMA_ARGS=     extra llama-bench arguments (e.g. "--poll 0": its threads spin while
 #                   waiting, which costs it most when other processes load the CPUs).
 #   BENCH_DIR=$HOME/.cache/cortiq-bench   imports, llama.cpp quantizations, results.jsonl.
+#   LLAMA_BENCH_AVX2=   a llama-bench built for AVX2 only (scripts/build-llama-avx2.sh prints
+#                   its path): the per-level table then sets our avx2 level beside it
+#                   (decode and 64-token prefill), since the main llama-bench is built for
+#                   this CPU's best level.
 #
 # Our runs: `cortiq bench F --threads T --prompt-tokens 64 --tokens N --repeat 1 --json
 # --no-verify` (each file is verified once first) at the default precision (its name as
@@ -70,6 +74,7 @@ import json, os, re, statistics, struct, subprocess, sys, time
 
 E = os.environ
 OURS, REF, LB, LQ = E["OURS"], E["REF"], E["LLAMA_BENCH"], E["LLAMA_QUANTIZE"]
+LB_AVX2 = E.get("LLAMA_BENCH_AVX2") or None
 DIR, CACHE, FIX = E["BENCH_DIR"], E["CMF_MODELS"], E["FIXTURES"]
 REPS, THREADS, TOKENS = int(E["REPS"]), int(E["THREADS"]), int(E["TOKENS"])
 DECODE_S, SLOW_S, TIMEOUT = float(E["DECODE_S"]), float(E["SLOW_S"]), float(E["TIMEOUT"])
@@ -346,13 +351,19 @@ for model in MODELS:
                                   [LB, "-m", g, "-t", str(THREADS), "-p", f"{PROMPT},{LONG}",
                                    "-n", str(TOKENS), "-r", "1", "-o", "json"] + LLAMA_FLAGS,
                                   peer=t))
+            if LB_AVX2 and "avx2" in LEVELS:
+                configs.append(Config("llama", model, None, "llama:avx2",
+                                      [LB_AVX2, "-m", g, "-t", str(THREADS), "-p", str(PROMPT),
+                                       "-n", str(TOKENS), "-r", "1", "-o", "json"] + LLAMA_FLAGS,
+                                      peer=t))
 
 
 def parse(c, out):
     j = first_json(out)
     if c.kind == "llama":
         get = lambda pp, tg: next(r["avg_ts"] for r in j if r["n_prompt"] == pp and r["n_gen"] == tg)
-        return {"decode": get(0, TOKENS), "prefill": get(PROMPT, 0), "prefill_long": get(LONG, 0)}, j
+        long = next((r["avg_ts"] for r in j if r["n_prompt"] == LONG and r["n_gen"] == 0), None)
+        return {"decode": get(0, TOKENS), "prefill": get(PROMPT, 0), "prefill_long": long}, j
     if c.kind == "ref":
         return {"decode": j.get("decode_tok_s_steady") or j["decode_tok_s"],
                 "prefill": j["prefill_tok_s"]}, j
@@ -510,8 +521,10 @@ print(f"Per SIMD level (CORTIQ_SIMD), default precision: decode tok/s / prefill 
       + (f"; scalar only on {' '.join(SCALAR_MODELS)} × {' '.join(SCALAR_FORMATS)} (slow; "
          f"SCALAR_MODELS/SCALAR_FORMATS=all for every one)" if "scalar" in LEVELS else ""))
 print()
-print("| model | format | " + " | ".join(LEVELS) + " |")
-print("|---|---|" + "---|" * len(LEVELS))
+avx2_peer = LB_AVX2 and "avx2" in LEVELS
+print("| model | format | " + " | ".join(LEVELS) + " |"
+      + (" peer | llama.cpp AVX2 decode | avx2 ÷ | llama.cpp AVX2 prefill | avx2 ÷ |" if avx2_peer else ""))
+print("|---|---|" + "---|" * (len(LEVELS) + (5 if avx2_peer else 0)))
 for model in MODELS:
     for fmt in FORMATS:
         if (model, fmt) not in default_precision:
@@ -522,7 +535,17 @@ for model in MODELS:
             d, failed, d1 = med("ours", model, fmt, label, "decode")
             p, _, _ = med("ours", model, fmt, label, "prefill")
             cells.append("—" if d is None else f"{cell(d, one=d1)} / {cell(p)}")
-        print(f"| {model} | {fmt} | " + " | ".join(cells) + " |")
+        row = f"| {model} | {fmt} | " + " | ".join(cells) + " |"
+        if LB_AVX2 and "avx2" in LEVELS:
+            d, _, _ = med("ours", model, fmt, "level:avx2", "decode")
+            p, _, _ = med("ours", model, fmt, "level:avx2", "prefill")
+            peers = PEERS[fmt]
+            ld = [med("llama", model, t, "llama:avx2", "decode")[0] for t in peers]
+            lp = [med("llama", model, t, "llama:avx2", "prefill")[0] for t in peers]
+            rat = lambda a, bs: " / ".join("—" if a is None or b is None else f"{a / b:.2f}" for b in bs)
+            row += (f" {' / '.join(peers)} | {' / '.join(cell(x) for x in ld)} | {rat(d, ld)} | "
+                    f"{' / '.join(cell(x) for x in lp)} | {rat(p, lp)} |")
+        print(row)
 print()
 print(f"raw JSON lines: {os.path.join(DIR, 'results.jsonl')}")
 PY
