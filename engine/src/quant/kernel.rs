@@ -431,35 +431,36 @@ pub(crate) fn h2f_scalar(bits: u16) -> f32 {
     half::f16::from_bits(bits).to_f32()
 }
 
-/// Up to 8 f16 values (a block's row scales) in f32: one F16C conversion where the CPU
-/// has it. A block of rows is built outside the kernels' target features, where `half`'s
-/// slice conversion was a call, a feature check and a loop per block (3% of a SmolLM2
-/// `q8_row` decode with the array `map` around it); this inlines to a feature-bit test
-/// and one call of three instructions. The conversion is exact either way.
+/// The f16 values at `bytes[at + 2·r]` for each row `r` of `rs` (a block's row scales),
+/// in f32: where the rows are 8 consecutive ones (every block of a product without a
+/// row selection) and the CPU has F16C, one 16-byte load and one conversion. A block of
+/// rows is built outside the kernels' target features, where `half`'s slice conversion
+/// was a call, a feature check and a loop per block, and a gather of the 8 values through
+/// the stack stalled on store forwarding (3–4% of a SmolLM2 `q8_row` decode together).
+/// The conversion is exact either way.
 #[inline(always)]
-pub(crate) fn f16s_to_f32<const R: usize>(bits: [u16; R]) -> [f32; R] {
+pub(crate) fn f16_scales<const R: usize>(bytes: &[u8], at: usize, rs: [usize; R]) -> [f32; R] {
     #[cfg(target_arch = "x86_64")]
-    if R <= 8 && features() & F_AVX2 != 0 {
-        let mut b = [0u16; 8];
-        b[..R].copy_from_slice(&bits);
-        // SAFETY: `F_AVX2` is set only where F16C is present.
-        let f = unsafe { cvt8_f16c(b) };
-        return std::array::from_fn(|i| f[i]);
+    if R == 8 && features() & F_AVX2 != 0 && rs[R - 1] == rs[0] + (R - 1) {
+        let from = at + 2 * rs[0];
+        let src = &bytes[from..from + 16];
+        let mut out = [0f32; R];
+        // SAFETY: `F_AVX2` is set only where F16C is present; `src` holds 16 bytes and
+        // `out` 8 floats (`R == 8`).
+        unsafe { cvt8_f16c(src.as_ptr(), out.as_mut_ptr()) };
+        return out;
     }
-    std::array::from_fn(|i| h2f_scalar(bits[i]))
+    std::array::from_fn(|i| h2f_scalar(le16(bytes, at + 2 * rs[i])))
 }
 
-/// 8 f16 values in f32 by `vcvtph2ps`.
+/// 8 f16 values at `src` into 8 f32 at `out`, by `vcvtph2ps`.
 ///
 /// # Safety
-/// The CPU supports F16C and AVX.
+/// The CPU supports F16C and AVX; `src` has 16 readable bytes, `out` room for 8 floats.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx,f16c")]
-unsafe fn cvt8_f16c(b: [u16; 8]) -> [f32; 8] {
-    let f = _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr() as *const __m128i));
-    let mut out = [0f32; 8];
-    _mm256_storeu_ps(out.as_mut_ptr(), f);
-    out
+unsafe fn cvt8_f16c(src: *const u8, out: *mut f32) {
+    _mm256_storeu_ps(out, _mm256_cvtph_ps(_mm_loadu_si128(src as *const __m128i)));
 }
 
 // ---- quantized activations (the `Fast` path) ---------------------------------------------

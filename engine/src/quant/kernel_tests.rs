@@ -943,19 +943,28 @@ fn quantize_simd_equals_the_scalar_body() {
 }
 
 /// The block conversion of row scales equals the scalar one on every f16 bit pattern
-/// (NaNs as NaNs), for a full block of 8 and for shorter ones.
+/// (NaNs as NaNs): 8 consecutive rows (one load), 8 rows out of order and 3 rows.
 #[test]
 fn f16_block_conversion_equals_the_scalar_one() {
-    use super::kernel::{f16s_to_f32, h2f_scalar};
+    use super::kernel::{f16_scales, h2f_scalar};
+    let bytes: Vec<u8> = (0..=u16::MAX).flat_map(|b| b.to_le_bytes()).collect();
     let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
-    for base in (0..=u16::MAX).step_by(8) {
-        let bits: [u16; 8] = std::array::from_fn(|i| base + i as u16);
-        for (b, f) in bits.iter().zip(f16s_to_f32(bits)) {
-            assert!(same(f, h2f_scalar(*b)), "{b:#06x}");
-        }
-        let three: [u16; 3] = [bits[0], bits[3], bits[7]];
-        for (b, f) in three.iter().zip(f16s_to_f32(three)) {
-            assert!(same(f, h2f_scalar(*b)), "{b:#06x}");
-        }
+    for base in (0..=u16::MAX as usize).step_by(8) {
+        let at = 2 * (base % 3);
+        let rs: [usize; 8] = std::array::from_fn(|i| (base + i).min(65535 - 3));
+        let shuffled: [usize; 8] = std::array::from_fn(|i| rs[(i * 3) % 8]);
+        let three = [rs[0], rs[5], rs[2]];
+        let check = |rs: &[usize], got: &[f32]| {
+            for (&r, &f) in rs.iter().zip(got) {
+                let want = h2f_scalar(u16::from_le_bytes([
+                    bytes[at + 2 * r],
+                    bytes[at + 2 * r + 1],
+                ]));
+                assert!(same(f, want), "row {r} at {at}");
+            }
+        };
+        check(&rs, &f16_scales(&bytes, at, rs));
+        check(&shuffled, &f16_scales(&bytes, at, shuffled));
+        check(&three, &f16_scales(&bytes, at, three));
     }
 }
