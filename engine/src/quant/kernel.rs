@@ -539,11 +539,11 @@ pub(crate) struct QuantizedActs {
     scaled: Vec<f32>,
 }
 
-/// One token's part of each [`QuantizedActs`] buffer.
 /// Fewest tokens [`QuantizedActs::fill`] quantizes in parallel (decode's single tokens
 /// and short verifications stay on the calling thread, without allocating).
 const PARALLEL_FILL_TOKENS: usize = 16;
 
+/// One token's part of each [`QuantizedActs`] buffer.
 pub(super) struct TokenCodes<'a> {
     pub q: &'a mut [i8],
     pub q2: &'a mut [i8],
