@@ -841,61 +841,90 @@ mod simd {
         k
     }
 
-    /// One step (8 tiles at `p`, the first `9·n` bytes valid) of one row against `T`
-    /// tokens; with the residual level when `SPLIT`.
+    /// One step (8 tiles at each `ps[r]`, the first `9·n` bytes valid) of `N` rows against
+    /// `T` tokens; with the residual level when `SPLIT`. The rows' digits are looked up
+    /// first, then each token's activation planes are loaded once for all `N` rows (two
+    /// rows per call: the planes are 10–13 loads per token and step, as many as the digit
+    /// work of one row). Each row sees the operations of a one-row step, in that order.
     #[inline(always)]
-    unsafe fn dm_step<const T: usize, const SPLIT: bool>(
+    unsafe fn dm_step<const N: usize, const T: usize, const SPLIT: bool>(
         k: &DmConst,
-        p: *const u8,
+        ps: [*const u8; N],
         masks: (u64, u64),
         step: usize,
         toks: &[DmTok; T],
-        acc: &mut [__m512; T],
+        acc: &mut [[__m512; T]; N],
     ) {
-        let z0 = _mm512_maskz_loadu_epi8(masks.0, p as *const i8);
-        let z1 = _mm512_maskz_loadu_epi8(masks.1, p.add(64) as *const i8);
-        let code = _mm512_permutex2var_epi8(z0, k.code, z1);
-        let scale = _mm512_permutex2var_epi8(z0, k.scale, z1);
-        let scale = _mm512_cvtph_ps(_mm512_castsi512_si256(scale));
-        // b = 81·q + r: digits 0..3 of b are those of r = b mod 81 (also for the
-        // non-canonical b ≥ 243: b − 243 < 81), digit 4 is q mod 3. Two compares and
-        // masked subtracts find r (b ≥ 162: −162, then ≥ 81: −81; 243.. → 0..12) and q.
-        let k2 = _mm512_cmpge_epu8_mask(code, _mm512_set1_epi8(162u8 as i8));
-        let r = _mm512_mask_sub_epi8(code, k2, code, _mm512_set1_epi8(162u8 as i8));
-        let k1 = _mm512_cmpge_epu8_mask(r, _mm512_set1_epi8(81));
-        let r = _mm512_mask_sub_epi8(r, k1, r, _mm512_set1_epi8(81));
-        // (No closures around intrinsics here: a closure body is a function of its own,
-        // without this function's target features, and may not be inlined.)
-        let mut u = [_mm512_setzero_si512(); 5];
-        for (a, u) in u.iter_mut().take(4).enumerate() {
-            *u = _mm512_permutex2var_epi8(k.digit[a][0], r, k.digit[a][1]);
-        }
-        // Digit 4 + 1: q = 0 → 1, q = 1 (k1 only) → 2, q = 2 (k2 only) → 0, q = 3 → 1.
-        let u4 = _mm512_mask_mov_epi8(_mm512_set1_epi8(1), k1 & !k2, _mm512_set1_epi8(2));
-        u[4] = _mm512_mask_mov_epi8(u4, k2 & !k1, _mm512_setzero_si512());
-        for (tk, acc) in toks.iter().zip(acc.iter_mut()) {
-            let mut dot = dm_dot(&u, tk, 0, step);
-            if SPLIT {
-                // `256·Σc·q + Σc·q₂`, as the shared integer kernels combine them: a lane
-                // sums 20 codes, so `|Σc·q| ≤ 20·127` and the lane stays below 2²⁰,
-                // exact in the f32 conversion.
-                let lo = dm_dot(&u, tk, 1, step);
-                dot = _mm512_add_epi32(_mm512_slli_epi32::<{ SPLIT_SHIFT as u32 }>(dot), lo);
+        let mut us = [[_mm512_setzero_si512(); 5]; N];
+        let mut scales = [_mm512_setzero_ps(); N];
+        for r in 0..N {
+            let p = ps[r];
+            let z0 = _mm512_maskz_loadu_epi8(masks.0, p as *const i8);
+            let z1 = _mm512_maskz_loadu_epi8(masks.1, p.add(64) as *const i8);
+            let code = _mm512_permutex2var_epi8(z0, k.code, z1);
+            let scale = _mm512_permutex2var_epi8(z0, k.scale, z1);
+            scales[r] = _mm512_cvtph_ps(_mm512_castsi512_si256(scale));
+            // b = 81·q + r: digits 0..3 of b are those of r = b mod 81 (also for the
+            // non-canonical b ≥ 243: b − 243 < 81), digit 4 is q mod 3. Two compares and
+            // masked subtracts find r (b ≥ 162: −162, then ≥ 81: −81; 243.. → 0..12) and q.
+            let k2 = _mm512_cmpge_epu8_mask(code, _mm512_set1_epi8(162u8 as i8));
+            let rem = _mm512_mask_sub_epi8(code, k2, code, _mm512_set1_epi8(162u8 as i8));
+            let k1 = _mm512_cmpge_epu8_mask(rem, _mm512_set1_epi8(81));
+            let rem = _mm512_mask_sub_epi8(rem, k1, rem, _mm512_set1_epi8(81));
+            // (No closures around intrinsics here: a closure body is a function of its own,
+            // without this function's target features, and may not be inlined.)
+            for (a, u) in us[r].iter_mut().take(4).enumerate() {
+                *u = _mm512_permutex2var_epi8(k.digit[a][0], rem, k.digit[a][1]);
             }
+            // Digit 4 + 1: q = 0 → 1, q = 1 (k1 only) → 2, q = 2 (k2 only) → 0, q = 3 → 1.
+            let u4 = _mm512_mask_mov_epi8(_mm512_set1_epi8(1), k1 & !k2, _mm512_set1_epi8(2));
+            us[r][4] = _mm512_mask_mov_epi8(u4, k2 & !k1, _mm512_setzero_si512());
+        }
+        for (q, tk) in toks.iter().enumerate() {
+            let planes = dm_planes(tk, 0, step);
+            let planes2 = if SPLIT {
+                dm_planes(tk, 1, step)
+            } else {
+                planes
+            };
             let d = _mm512_loadu_ps(tk.d.add(step * DM_LANES));
-            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale, d), *acc);
+            for r in 0..N {
+                let mut dot = dm_dot(&us[r], &planes);
+                if SPLIT {
+                    // `256·Σc·q + Σc·q₂`, as the shared integer kernels combine them: a lane
+                    // sums 20 codes, so `|Σc·q| ≤ 20·127` and the lane stays below 2²⁰,
+                    // exact in the f32 conversion.
+                    let lo = dm_dot(&us[r], &planes2);
+                    dot = _mm512_add_epi32(_mm512_slli_epi32::<{ SPLIT_SHIFT as u32 }>(dot), lo);
+                }
+                acc[r][q] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(dot),
+                    _mm512_mul_ps(scales[r], d),
+                    acc[r][q],
+                );
+            }
         }
     }
 
-    /// `Σ code·x` per 32-bit lane of one step against level `l` of token `tk`: the
-    /// lanes' `−Σx` plus the five digit planes' `Σ (code + 1)·x`.
+    /// Level `l` of token `tk` at step `step`: the lanes' `−Σx` and the five digit planes.
     #[inline(always)]
-    unsafe fn dm_dot(u: &[__m512i; 5], tk: &DmTok, l: usize, step: usize) -> __m512i {
+    unsafe fn dm_planes(tk: &DmTok, l: usize, step: usize) -> (__m512i, [__m512i; 5]) {
         let x = tk.x[l].add(step * DM_X);
-        let mut dot = _mm512_loadu_si512(tk.c[l].add(step * DM_LANES) as *const __m512i);
-        for (a, u) in u.iter().enumerate() {
-            let xa = _mm512_loadu_si512(x.add(64 * a) as *const __m512i);
-            dot = _mm512_dpbusd_epi32(dot, *u, xa);
+        let c = _mm512_loadu_si512(tk.c[l].add(step * DM_LANES) as *const __m512i);
+        let mut xs = [_mm512_setzero_si512(); 5];
+        for (a, v) in xs.iter_mut().enumerate() {
+            *v = _mm512_loadu_si512(x.add(64 * a) as *const __m512i);
+        }
+        (c, xs)
+    }
+
+    /// `Σ code·x` per 32-bit lane of one step: the lanes' `−Σx` plus the five digit planes'
+    /// `Σ (code + 1)·x`, for one level of one token ([`dm_planes`]).
+    #[inline(always)]
+    unsafe fn dm_dot(u: &[__m512i; 5], planes: &(__m512i, [__m512i; 5])) -> __m512i {
+        let mut dot = planes.0;
+        for (u, xa) in u.iter().zip(&planes.1) {
+            dot = _mm512_dpbusd_epi32(dot, *u, *xa);
         }
         dot
     }
@@ -911,34 +940,42 @@ mod simd {
         }
     }
 
-    /// `Σ code·x` over one row's tiles (`groups` of them), plus its overlay `ov`, for `T`
-    /// tokens.
+    /// `Σ code·x` over `N` rows' tiles (`groups` of them each), plus their overlays `ov`,
+    /// for `T` tokens.
     #[inline(always)]
-    unsafe fn dm_row<const T: usize, const SPLIT: bool>(
+    unsafe fn dm_row<const N: usize, const T: usize, const SPLIT: bool>(
         k: &DmConst,
-        tiles: &[u8],
+        tiles: [&[u8]; N],
         groups: usize,
         toks: &[DmTok; T],
-        ov: (&[u8], &[f32]),
-    ) -> [f32; T] {
-        debug_assert!(tiles.len() >= groups * Q1T_TILE);
-        let p = tiles.as_ptr();
-        let mut acc = [_mm512_setzero_ps(); T];
+        ov: [(&[u8], &[f32]); N],
+    ) -> [[f32; T]; N] {
+        let ps: [*const u8; N] = std::array::from_fn(|r| {
+            debug_assert!(tiles[r].len() >= groups * Q1T_TILE);
+            tiles[r].as_ptr()
+        });
+        let mut acc = [[_mm512_setzero_ps(); T]; N];
         let full = groups / DM_TILES;
         let step_bytes = DM_TILES * Q1T_TILE;
         for s in 0..full {
-            // The stream a few steps on (rows are contiguous within a task).
-            _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(s * step_bytes + 768) as *const i8);
-            dm_step::<T, SPLIT>(k, p.add(s * step_bytes), (!0, 0xFF), s, toks, &mut acc);
+            for p in ps {
+                // The stream a few steps on (rows are contiguous within a task).
+                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(s * step_bytes + 768) as *const i8);
+            }
+            let at = ps.map(|p| p.add(s * step_bytes));
+            dm_step::<N, T, SPLIT>(k, at, (!0, 0xFF), s, toks, &mut acc);
         }
         if !groups.is_multiple_of(DM_TILES) {
             let m = step_masks(groups % DM_TILES);
-            dm_step::<T, SPLIT>(k, p.add(full * step_bytes), m, full, toks, &mut acc);
+            let at = ps.map(|p| p.add(full * step_bytes));
+            dm_step::<N, T, SPLIT>(k, at, m, full, toks, &mut acc);
         }
-        overlay(ov.0, ov.1, &mut acc, toks);
-        let mut out = [0f32; T];
-        for (o, a) in out.iter_mut().zip(&acc) {
-            *o = _mm512_reduce_add_ps(*a);
+        let mut out = [[0f32; T]; N];
+        for r in 0..N {
+            overlay(ov[r].0, ov[r].1, &mut acc[r], toks);
+            for (o, a) in out[r].iter_mut().zip(&acc[r]) {
+                *o = _mm512_reduce_add_ps(*a);
+            }
         }
         out
     }
@@ -962,18 +999,40 @@ mod simd {
             let ts: [DmTok; T] = std::array::from_fn(|q| self.dm.token(j + q));
             let groups = cx.g.cols / STEP;
             let rb = groups * Q1T_TILE;
+            let rows = cx.rows::<R>(o);
+            let tiles = |r: usize| &cx.bytes[r * rb..(r + 1) * rb];
             let mut out = [[0f32; T]; R];
-            for (out, r) in out.iter_mut().zip(cx.rows::<R>(o)) {
-                let (tiles, ov) = (&cx.bytes[r * rb..(r + 1) * rb], cx.ov.row(cx.bytes, r));
+            // Two rows at a time (they share the activation loads), then an odd one.
+            let mut i = 0;
+            while i < R {
+                let n = if R - i >= 2 { 2 } else { 1 };
                 // SAFETY: a `DmTile` exists only inside `dm_block`, whose caller checked
-                // `dm_available()` and built `dm` from all tokens; `tiles` is a whole row.
-                *out = unsafe {
-                    if self.dm.split {
-                        dm_row::<T, true>(&self.k, tiles, groups, &ts, ov)
+                // `dm_available()` and built `dm` from all tokens; each tile slice is a
+                // whole row.
+                unsafe {
+                    if n == 2 {
+                        let (a, b) = (rows[i], rows[i + 1]);
+                        let t = [tiles(a), tiles(b)];
+                        let ov = [cx.ov.row(cx.bytes, a), cx.ov.row(cx.bytes, b)];
+                        let v = if self.dm.split {
+                            dm_row::<2, T, true>(&self.k, t, groups, &ts, ov)
+                        } else {
+                            dm_row::<2, T, false>(&self.k, t, groups, &ts, ov)
+                        };
+                        out[i] = v[0];
+                        out[i + 1] = v[1];
                     } else {
-                        dm_row::<T, false>(&self.k, tiles, groups, &ts, ov)
+                        let a = rows[i];
+                        let ov = [cx.ov.row(cx.bytes, a)];
+                        let v = if self.dm.split {
+                            dm_row::<1, T, true>(&self.k, [tiles(a)], groups, &ts, ov)
+                        } else {
+                            dm_row::<1, T, false>(&self.k, [tiles(a)], groups, &ts, ov)
+                        };
+                        out[i] = v[0];
                     }
-                };
+                }
+                i += n;
             }
             put_tile(o, j, &out, put);
         }
