@@ -441,12 +441,12 @@ pub(crate) fn h2f_scalar(bits: u16) -> f32 {
 #[inline(always)]
 pub(crate) fn f16_scales<const R: usize>(bytes: &[u8], at: usize, rs: [usize; R]) -> [f32; R] {
     #[cfg(target_arch = "x86_64")]
-    if R == 8 && features() & F_AVX2 != 0 && rs[R - 1] == rs[0] + (R - 1) {
+    if R == 8 && Kernel::Avx2.is_available() && rs[R - 1] == rs[0] + (R - 1) {
         let from = at + 2 * rs[0];
         let src = &bytes[from..from + 16];
         let mut out = [0f32; R];
-        // SAFETY: `F_AVX2` is set only where F16C is present; `src` holds 16 bytes and
-        // `out` 8 floats (`R == 8`).
+        // SAFETY: the AVX2 level includes F16C; `src` holds 16 bytes and `out` 8 floats
+        // (`R == 8`).
         unsafe { cvt8_f16c(src.as_ptr(), out.as_mut_ptr()) };
         return out;
     }
@@ -565,6 +565,55 @@ impl TokenCodes<'_> {
     }
 }
 
+/// A group's step `d` and its inverse, from the token's one scale when split, else from
+/// the group's `amax`; `None` for a group that cannot be scaled (zero or non-finite: it
+/// stays zero, and the model's own non-finite checks see the f32 activations it came
+/// from). Stores the scale the kernels read into `dg` (`d/256` when split).
+#[inline(always)]
+fn group_step(amax: f32, token: Option<(f32, f32)>, dg: &mut f32) -> Option<(f32, f32)> {
+    if !(amax > 0.0 && amax.is_finite()) {
+        return None;
+    }
+    let (dd, inv) = token.unwrap_or((amax / 127.0, 127.0 / amax));
+    *dg = if token.is_some() { dd / 256.0 } else { dd };
+    Some((dd, inv))
+}
+
+/// Writes a group's codes `qa` (and, when split, the residual codes `qb`), 32 bytes in
+/// natural order, in `order` at group `g`, with their offset lanes.
+///
+/// # Safety
+/// AVX2; `q`, `c` (and `q2`, `c2` when `qb` is given) hold group `g`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn store_group(
+    g: usize,
+    order: ActOrder,
+    qa: __m256i,
+    qb: Option<__m256i>,
+    q: &mut [i8],
+    q2: &mut [i8],
+    c: &mut [i32],
+    c2: &mut [i32],
+) {
+    // (No closures or `Option::map` around intrinsics: they may stay out of line, without
+    // the caller's target features.)
+    let offset = order.offset();
+    let qa = in_order(order, qa);
+    _mm256_storeu_si256(q.as_mut_ptr().add(g * STEP) as *mut __m256i, qa);
+    if offset != 0 {
+        offset_lanes_256(qa, offset, c.as_mut_ptr().add(g * LANES));
+    }
+    if let Some(qb) = qb {
+        let qb = in_order(order, qb);
+        _mm256_storeu_si256(q2.as_mut_ptr().add(g * STEP) as *mut __m256i, qb);
+        if offset != 0 {
+            offset_lanes_256(qb, offset, c2.as_mut_ptr().add(g * LANES));
+        }
+    }
+}
+
 /// Quantizes one token `xr` into `out` (see [`QuantizedActs::fill`]), with the loops
 /// compiled for the SIMD level the kernels run at (AVX-512 or AVX2): the quantizer runs
 /// once per product on the calling thread, and in scalar code it took half of a 64-token
@@ -581,6 +630,16 @@ fn quantize_token(xr: &[f32], order: ActOrder, split: bool, out: TokenCodes) {
         Kernel::Scalar => {}
     }
     quantize_token_body(xr, order, split, out)
+}
+
+/// A group's 32 codes (natural order) in `order`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn in_order(order: ActOrder, y: __m256i) -> __m256i {
+    match order {
+        ActOrder::Natural | ActOrder::NaturalOffset => y,
+        ActOrder::NibblePairs => nibble_pairs_256(y),
+    }
 }
 
 /// A group's 32 codes in the nibble-pair order: even bytes then odd ones within each
@@ -623,18 +682,17 @@ pub(super) unsafe fn quantize_token_avx2(
 ) {
     out.check(xr.len(), split);
     let TokenCodes { q, q2, k, d, c, c2 } = out;
-    let groups = d.len();
     let sign = _mm256_set1_epi32(i32::MAX);
     let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
     // `packs` interleaves 128-bit lanes; this puts the four 8-code pieces back in order.
     let unlace = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    let offset = order.offset();
     let token_amax = if split { Some(absmax_of(xr)) } else { None };
     let token_scale = token_amax.map(|a| (a / 127.0, 127.0 / a));
-    for g in 0..groups {
+    // The zero-padded copy of the one partial group (the last), if any.
+    let mut buf = [0f32; STEP];
+    for (g, dg) in d.iter_mut().enumerate() {
         let from = g * STEP;
         let n = STEP.min(xr.len() - from);
-        let mut buf = [0f32; STEP];
         let p = if n == STEP {
             xr.as_ptr().add(from)
         } else {
@@ -666,11 +724,9 @@ pub(super) unsafe fn quantize_token_avx2(
                 _mm_cvtss_f32(m)
             }
         };
-        if !(amax > 0.0 && amax.is_finite()) {
+        let Some((dd, inv)) = group_step(amax, token_scale, dg) else {
             continue;
-        }
-        let (dd, inv) = token_scale.unwrap_or((amax / 127.0, 127.0 / amax));
-        *d.get_unchecked_mut(g) = if split { dd / 256.0 } else { dd };
+        };
         // As in the AVX-512 quantizer: a NaN passes the clamp, converts to 0x8000_0000
         // and leaves the body's code 0; rounding first keeps MXCSR out of it.
         let code = |v: __m256| {
@@ -701,21 +757,10 @@ pub(super) unsafe fn quantize_token_avx2(
                 _mm256_packs_epi32(x[0], x[1]),
                 _mm256_packs_epi32(x[2], x[3]),
             );
-            let y = _mm256_permutevar8x32_epi32(w, unlace);
-            match order {
-                ActOrder::Natural | ActOrder::NaturalOffset => y,
-                ActOrder::NibblePairs => nibble_pairs_256(y),
-            }
+            _mm256_permutevar8x32_epi32(w, unlace)
         };
-        let qa = bytes(&a);
-        _mm256_storeu_si256(q.as_mut_ptr().add(from) as *mut __m256i, qa);
-        let qb = if split {
-            let qb = bytes(&b);
-            _mm256_storeu_si256(q2.as_mut_ptr().add(from) as *mut __m256i, qb);
-            qb
-        } else {
-            _mm256_setzero_si256()
-        };
+        let qb = if split { Some(bytes(&b)) } else { None };
+        store_group(g, order, bytes(&a), qb, q, q2, c, c2);
         if !k.is_empty() {
             for h in 0..2 {
                 let w = |e: usize| _mm256_add_epi32(_mm256_slli_epi32::<8>(a[e]), b[e]);
@@ -723,12 +768,6 @@ pub(super) unsafe fn quantize_token_avx2(
                 let at = k.as_mut_ptr().add(from + 16 * h);
                 let natural = _mm256_permute4x64_epi64::<0b11_01_10_00>(packed);
                 _mm256_storeu_si256(at as *mut __m256i, natural);
-            }
-        }
-        if offset != 0 {
-            offset_lanes_256(qa, offset, c.as_mut_ptr().add(g * LANES));
-            if split {
-                offset_lanes_256(qb, offset, c2.as_mut_ptr().add(g * LANES));
             }
         }
     }
@@ -755,15 +794,13 @@ pub(super) unsafe fn quantize_token_avx512(
 ) {
     out.check(xr.len(), split);
     let TokenCodes { q, q2, k, d, c, c2 } = out;
-    let groups = d.len();
     let sign = _mm512_set1_epi32(i32::MAX);
     let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
-    let offset = order.offset();
     // Split: one scale for the token (the body computes the same values per group). Not
     // in a closure: `absmax_of` must inline into this function's target features.
     let token_amax = if split { Some(absmax_of(xr)) } else { None };
     let token_scale = token_amax.map(|a| (a / 127.0, 127.0 / a));
-    for g in 0..groups {
+    for (g, dg) in d.iter_mut().enumerate() {
         let from = g * STEP;
         let n = STEP.min(xr.len() - from);
         let m = if n == STEP { u32::MAX } else { (1u32 << n) - 1 };
@@ -785,12 +822,9 @@ pub(super) unsafe fn quantize_token_avx512(
                 _mm512_reduce_max_ps(_mm512_max_ps(a0, a1))
             }
         };
-        // As in the body: a non-finite or zero group stays zero.
-        if !(amax > 0.0 && amax.is_finite()) {
+        let Some((dd, inv)) = group_step(amax, token_scale, dg) else {
             continue;
-        }
-        let (dd, inv) = token_scale.unwrap_or((amax / 127.0, 127.0 / amax));
-        *d.get_unchecked_mut(g) = if split { dd / 256.0 } else { dd };
+        };
         // `round_code`: a NaN (0·∞ when the scale overflows) passes the clamp (vmaxps
         // returns its second operand then) and converts to 0x8000_0000, whose low byte
         // is the body's 0; the sign extension keeps the 32-bit code equal to the byte.
@@ -816,33 +850,16 @@ pub(super) unsafe fn quantize_token_avx512(
             [_mm512_setzero_si512(); 2]
         };
         let bytes = |x: [__m512i; 2]| {
-            let y = _mm256_set_m128i(_mm512_cvtepi32_epi8(x[1]), _mm512_cvtepi32_epi8(x[0]));
-            match order {
-                ActOrder::Natural | ActOrder::NaturalOffset => y,
-                ActOrder::NibblePairs => nibble_pairs_256(y),
-            }
+            _mm256_set_m128i(_mm512_cvtepi32_epi8(x[1]), _mm512_cvtepi32_epi8(x[0]))
         };
-        let qa = bytes(a);
-        _mm256_storeu_si256(q.as_mut_ptr().add(from) as *mut __m256i, qa);
-        let qb = if split {
-            let qb = bytes(b);
-            _mm256_storeu_si256(q2.as_mut_ptr().add(from) as *mut __m256i, qb);
-            qb
-        } else {
-            _mm256_setzero_si256()
-        };
+        let qb = if split { Some(bytes(b)) } else { None };
+        store_group(g, order, bytes(a), qb, q, q2, c, c2);
         if !k.is_empty() {
             // Natural order (the body fills `k` only there): `256·a + b` per element.
             for (h, (a, b)) in a.iter().zip(&b).enumerate() {
                 let w = _mm512_add_epi32(_mm512_slli_epi32::<8>(*a), *b);
                 let at = k.as_mut_ptr().add(from + 16 * h);
                 _mm256_storeu_si256(at as *mut __m256i, _mm512_cvtepi32_epi16(w));
-            }
-        }
-        if offset != 0 {
-            offset_lanes_256(qa, offset, c.as_mut_ptr().add(g * LANES));
-            if split {
-                offset_lanes_256(qb, offset, c2.as_mut_ptr().add(g * LANES));
             }
         }
     }
@@ -886,14 +903,11 @@ pub(super) fn quantize_token_body(xr: &[f32], order: ActOrder, split: bool, out:
         buf[..n].copy_from_slice(&xr[from..from + n]);
         let amax = token_amax.unwrap_or_else(|| absmax_of(&buf));
         let span = from..from + STEP;
-        // A non-finite group (or token) cannot be scaled; it stays zero, and the model's
-        // own non-finite checks see the f32 activations it came from.
-        if !(amax > 0.0 && amax.is_finite()) {
+        // The token's scale when split: the same values as each group's from its amax.
+        let token = split.then(|| (amax / 127.0, 127.0 / amax));
+        let Some((dd, inv)) = group_step(amax, token, dg) else {
             continue;
-        }
-        let dd = amax / 127.0;
-        let inv = 127.0 / amax;
-        *dg = if split { dd / 256.0 } else { dd };
+        };
         let mut qa = [0i8; STEP];
         for (o, v) in qa.iter_mut().zip(&buf) {
             *o = round_code(v * inv);

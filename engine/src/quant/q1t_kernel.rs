@@ -987,6 +987,30 @@ mod simd {
         dm: &'a DmActs,
     }
 
+    impl DmTile<'_> {
+        /// Rows `rs` (each a whole row of tiles, with its overlay) against tokens `ts`.
+        ///
+        /// # Safety
+        /// As [`dm_block`]: `dm_available()`, `ts` laid out in `self.dm`.
+        #[inline(always)]
+        unsafe fn rows<const N: usize, const T: usize>(
+            &self,
+            cx: &Q1tProduct,
+            rs: [usize; N],
+            groups: usize,
+            ts: &[DmTok; T],
+        ) -> [[f32; T]; N] {
+            let rb = groups * Q1T_TILE;
+            let tiles = std::array::from_fn(|i| &cx.bytes[rs[i] * rb..(rs[i] + 1) * rb]);
+            let ov = std::array::from_fn(|i| cx.ov.row(cx.bytes, rs[i]));
+            if self.dm.split {
+                dm_row::<N, T, true>(&self.k, tiles, groups, ts, ov)
+            } else {
+                dm_row::<N, T, false>(&self.k, tiles, groups, ts, ov)
+            }
+        }
+    }
+
     impl Tile for DmTile<'_> {
         #[inline(always)]
         fn tile<P: FnMut(usize, usize, f32), const R: usize, const T: usize>(
@@ -998,41 +1022,21 @@ mod simd {
         ) {
             let ts: [DmTok; T] = std::array::from_fn(|q| self.dm.token(j + q));
             let groups = cx.g.cols / STEP;
-            let rb = groups * Q1T_TILE;
             let rows = cx.rows::<R>(o);
-            let tiles = |r: usize| &cx.bytes[r * rb..(r + 1) * rb];
             let mut out = [[0f32; T]; R];
             // Two rows at a time (they share the activation loads), then an odd one.
-            let mut i = 0;
-            while i < R {
-                let n = if R - i >= 2 { 2 } else { 1 };
+            for (i, pair) in rows.chunks(2).enumerate() {
                 // SAFETY: a `DmTile` exists only inside `dm_block`, whose caller checked
-                // `dm_available()` and built `dm` from all tokens; each tile slice is a
-                // whole row.
+                // `dm_available()` and built `dm` from all tokens.
                 unsafe {
-                    if n == 2 {
-                        let (a, b) = (rows[i], rows[i + 1]);
-                        let t = [tiles(a), tiles(b)];
-                        let ov = [cx.ov.row(cx.bytes, a), cx.ov.row(cx.bytes, b)];
-                        let v = if self.dm.split {
-                            dm_row::<2, T, true>(&self.k, t, groups, &ts, ov)
-                        } else {
-                            dm_row::<2, T, false>(&self.k, t, groups, &ts, ov)
-                        };
-                        out[i] = v[0];
-                        out[i + 1] = v[1];
+                    if let [a, b] = *pair {
+                        let v = self.rows::<2, T>(cx, [a, b], groups, &ts);
+                        out[2 * i] = v[0];
+                        out[2 * i + 1] = v[1];
                     } else {
-                        let a = rows[i];
-                        let ov = [cx.ov.row(cx.bytes, a)];
-                        let v = if self.dm.split {
-                            dm_row::<1, T, true>(&self.k, [tiles(a)], groups, &ts, ov)
-                        } else {
-                            dm_row::<1, T, false>(&self.k, [tiles(a)], groups, &ts, ov)
-                        };
-                        out[i] = v[0];
+                        out[2 * i] = self.rows::<1, T>(cx, [pair[0]], groups, &ts)[0];
                     }
                 }
-                i += n;
             }
             put_tile(o, j, &out, put);
         }
