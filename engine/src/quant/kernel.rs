@@ -521,8 +521,9 @@ pub(crate) struct QuantizedActs {
     q: Vec<i8>,
     /// `[t, groups·32]` residual codes (empty unless `split`).
     q2: Vec<i8>,
-    /// `[t, groups·32]` int16 codes `256·q + q₂` (filled when `split` in
-    /// [`ActOrder::Natural`], the order of the row-scaled kernels; else empty).
+    /// `[t, groups·32]` int16 codes `256·q + q₂`, in the order of `q` (filled when `split`
+    /// and asked for: the row-scaled kernels sum them, and so do the grouped ones without
+    /// VNNI, [`int16_avx2_target`]; else empty).
     k: Vec<i16>,
     /// `[t, groups]` scales: `d` per group, or when `split` the token's `d/256` (the unit
     /// of the combined sum) in every group.
@@ -580,10 +581,11 @@ fn group_step(amax: f32, token: Option<(f32, f32)>, dg: &mut f32) -> Option<(f32
 }
 
 /// Writes a group's codes `qa` (and, when split, the residual codes `qb`), 32 bytes in
-/// natural order, in `order` at group `g`, with their offset lanes.
+/// natural order, in `order` at group `g`, with their offset lanes, and the int16 codes
+/// `256·qa + qb` in the same order when `k` is filled.
 ///
 /// # Safety
-/// AVX2; `q`, `c` (and `q2`, `c2` when `qb` is given) hold group `g`.
+/// AVX2; `q`, `c` (and `q2`, `c2` when `qb` is given, `k` when not empty) hold group `g`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -594,6 +596,7 @@ unsafe fn store_group(
     qb: Option<__m256i>,
     q: &mut [i8],
     q2: &mut [i8],
+    k: &mut [i16],
     c: &mut [i32],
     c2: &mut [i32],
 ) {
@@ -610,6 +613,23 @@ unsafe fn store_group(
         _mm256_storeu_si256(q2.as_mut_ptr().add(g * STEP) as *mut __m256i, qb);
         if offset != 0 {
             offset_lanes_256(qb, offset, c2.as_mut_ptr().add(g * LANES));
+        }
+        if !k.is_empty() {
+            // `256·a + b` per element (|k| ≤ 32639: no wrap), both already in `order`.
+            let wide = |a: __m128i, b: __m128i| {
+                _mm256_add_epi16(
+                    _mm256_slli_epi16::<8>(_mm256_cvtepi8_epi16(a)),
+                    _mm256_cvtepi8_epi16(b),
+                )
+            };
+            let at = k.as_mut_ptr().add(g * STEP);
+            let lo = wide(_mm256_castsi256_si128(qa), _mm256_castsi256_si128(qb));
+            let hi = wide(
+                _mm256_extracti128_si256::<1>(qa),
+                _mm256_extracti128_si256::<1>(qb),
+            );
+            _mm256_storeu_si256(at as *mut __m256i, lo);
+            _mm256_storeu_si256(at.add(16) as *mut __m256i, hi);
         }
     }
 }
@@ -760,16 +780,7 @@ pub(super) unsafe fn quantize_token_avx2(
             _mm256_permutevar8x32_epi32(w, unlace)
         };
         let qb = if split { Some(bytes(&b)) } else { None };
-        store_group(g, order, bytes(&a), qb, q, q2, c, c2);
-        if !k.is_empty() {
-            for h in 0..2 {
-                let w = |e: usize| _mm256_add_epi32(_mm256_slli_epi32::<8>(a[e]), b[e]);
-                let packed = _mm256_packs_epi32(w(2 * h), w(2 * h + 1));
-                let at = k.as_mut_ptr().add(from + 16 * h);
-                let natural = _mm256_permute4x64_epi64::<0b11_01_10_00>(packed);
-                _mm256_storeu_si256(at as *mut __m256i, natural);
-            }
-        }
+        store_group(g, order, bytes(&a), qb, q, q2, k, c, c2);
     }
 }
 
@@ -853,15 +864,7 @@ pub(super) unsafe fn quantize_token_avx512(
             _mm256_set_m128i(_mm512_cvtepi32_epi8(x[1]), _mm512_cvtepi32_epi8(x[0]))
         };
         let qb = if split { Some(bytes(b)) } else { None };
-        store_group(g, order, bytes(a), qb, q, q2, c, c2);
-        if !k.is_empty() {
-            // Natural order (the body fills `k` only there): `256·a + b` per element.
-            for (h, (a, b)) in a.iter().zip(&b).enumerate() {
-                let w = _mm512_add_epi32(_mm512_slli_epi32::<8>(*a), *b);
-                let at = k.as_mut_ptr().add(from + 16 * h);
-                _mm256_storeu_si256(at as *mut __m256i, _mm512_cvtepi32_epi16(w));
-            }
-        }
+        store_group(g, order, bytes(a), qb, q, q2, k, c, c2);
     }
 }
 
@@ -924,9 +927,11 @@ pub(super) fn quantize_token_body(xr: &[f32], order: ActOrder, split: bool, out:
             place(&ra, order, &mut q2[span.clone()]);
         }
         if !k.is_empty() {
-            for ((o, &a), &b) in k[span.clone()].iter_mut().zip(&qa).zip(&ra) {
+            let mut ka = [0i16; STEP];
+            for ((o, &a), &b) in ka.iter_mut().zip(&qa).zip(&ra) {
                 *o = 256 * a as i16 + b as i16;
             }
+            place(&ka, order, &mut k[span.clone()]);
         }
         // Only the kernels of offset codes (`q4`, `vbit` on VBMI) start from these lanes.
         let offset = order.offset();
@@ -942,7 +947,7 @@ pub(super) fn quantize_token_body(xr: &[f32], order: ActOrder, split: bool, out:
 
 /// Codes of one group in `order`: as they are, or even elements then odd ones.
 #[inline(always)]
-fn place(codes: &[i8; STEP], order: ActOrder, out: &mut [i8]) {
+fn place<C: Copy>(codes: &[C; STEP], order: ActOrder, out: &mut [C]) {
     match order {
         ActOrder::Natural | ActOrder::NaturalOffset => out.copy_from_slice(codes),
         ActOrder::NibblePairs => {
@@ -1002,7 +1007,9 @@ impl QuantizedActs {
 
     /// Quantizes `x` (`[t, cols]`), multiplied elementwise by the column field `col`
     /// first when given (`q8_2f`: `Σ q·col·x = Σ q·(col·x)`); per group with one level,
-    /// or per token with the residual level when `split`.
+    /// or per token with the residual level when `split`, then with the int16 codes `k`
+    /// too when `int16`.
+    #[allow(clippy::too_many_arguments)]
     pub fn fill(
         &mut self,
         x: &[f32],
@@ -1011,11 +1018,12 @@ impl QuantizedActs {
         col: Option<&[f32]>,
         order: ActOrder,
         split: bool,
+        int16: bool,
     ) {
         let groups = cols.div_ceil(STEP);
         self.groups = groups;
         self.split = split;
-        let wide = split && order == ActOrder::Natural;
+        let wide = split && int16;
         let n = t * groups * STEP;
         let (n2, l2) = if split {
             (n, t * groups * LANES)
@@ -1164,6 +1172,31 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
     /// The CPU supports AVX2; `blk < cols / 32`, `i < R`.
     unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i;
 
+    /// The 32 codes of [`IntRowsSimd::load_u8`] widened to int16: its bytes 0..16 and
+    /// 16..32 (offset codes as there), for [`int16_avx2_target`]. Layouts that can load
+    /// them straight from their bytes override it.
+    ///
+    /// # Safety
+    /// As [`IntRowsSimd::load_u8`].
+    #[inline(always)]
+    unsafe fn load_i16(&self, i: usize, blk: usize) -> [__m256i; 2] {
+        widen_codes::<Self>(self.load_u8(i, blk))
+    }
+
+    /// The scales of groups `blk` and `blk + 1` of row `i`, each in all 8 lanes (for
+    /// [`int16_avx2_target`]). Layouts that store the two side by side override it with
+    /// one load and one conversion.
+    ///
+    /// # Safety
+    /// As [`IntRowsSimd::load_u8`], with `blk + 1 < cols / 32`.
+    #[inline(always)]
+    unsafe fn scale_pair_256(&self, i: usize, blk: usize) -> [__m256; 2] {
+        [
+            _mm256_set1_ps(self.group_scale_simd(i, blk)),
+            _mm256_set1_ps(self.group_scale_simd(i, blk + 1)),
+        ]
+    }
+
     /// Asks the cache for what row `i` of the row block after next needs at group `blk`
     /// (two blocks ahead measured faster than one or four).
     /// Short rows (a few hundred bytes) end before the hardware prefetcher has learnt
@@ -1214,6 +1247,25 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
             self.group_scale_simd(i, blk),
             self.group_scale_simd(i, blk + 1),
         )
+    }
+}
+
+/// A group's 32 codes as [`IntRowsSimd::load_u8`] gives them, widened to two vectors of 16
+/// int16 (zero-extended when offset, else sign-extended).
+///
+/// # Safety
+/// AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn widen_codes<D: IntRowsSimd + ?Sized>(raw: __m256i) -> [__m256i; 2] {
+    let (lo, hi) = (
+        _mm256_castsi256_si128(raw),
+        _mm256_extracti128_si256::<1>(raw),
+    );
+    if D::CODE_OFFSET != 0 {
+        [_mm256_cvtepu8_epi16(lo), _mm256_cvtepu8_epi16(hi)]
+    } else {
+        [_mm256_cvtepi8_epi16(lo), _mm256_cvtepi8_epi16(hi)]
     }
 }
 
@@ -1291,6 +1343,16 @@ pub(crate) fn run_int<D: IntRows, const R: usize, const T: usize>(
                 int_avx::<D, R, T, true, false>(d, xs, out)
             }
         },
+        // SAFETY: AVX2/FMA/F16C are present (checked in the guard; `Avx512` implies them),
+        // and so are the int16 codes (checked here).
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 | Kernel::Avx2
+            if Kernel::Avx2.is_available()
+                && split
+                && D::GROUP_SCALES
+                && D::CODE_OFFSET <= 8
+                && xs.iter().all(|x| x.k.len() == groups * STEP) =>
+        unsafe { int16_avx2_target::<D, R, T>(d, xs, out) },
         // SAFETY: AVX2/FMA/F16C are present (checked in the guard; `Avx512` implies them).
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512 | Kernel::Avx2 if Kernel::Avx2.is_available() => unsafe {
@@ -1456,12 +1518,151 @@ unsafe fn int_body<
         }
         int_step::<D, R, T, VNNI, SPLIT>(d, xs, full, &raw, &mut acc);
     }
-    for (i, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
+    int_sums::<D, R, T, SPLIT>(d, xs, &acc, out);
+}
+
+/// The outputs of the 8-lane integer kernels: each accumulator's lanes summed, times the
+/// token's remaining scale and the row's post factor.
+///
+/// # Safety
+/// AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn int_sums<D: IntRowsSimd, const R: usize, const T: usize, const SPLIT: bool>(
+    d: &D,
+    xs: &[QToken; T],
+    acc: &[[__m256; T]; R],
+    out: &mut [[f32; T]; R],
+) {
+    for (i, (o, a)) in out.iter_mut().zip(acc).enumerate() {
         let p = d.int_post(i);
         for ((o, a), x) in o.iter_mut().zip(a).zip(xs) {
             *o = hsum256(*a) * token_scale::<SPLIT>(x) * p;
         }
     }
+}
+
+/// The two-level grouped kernel without VNNI: a token's int16 codes `k = 256·q + q₂`
+/// against the weight codes widened to int16, one `vpmaddwd` per 16 codes. A group's
+/// integer `Σ c·k = 256·Σ c·q + Σ c·q₂` is the one [`int_step`] forms from both byte
+/// levels (two `vpmaddubsw`, two `vpmaddwd`, a shift), here in two multiplies: the
+/// multiplier ports bound this loop in decode (AVX2 `q4_block` decode ran at a third of
+/// the DRAM bandwidth on one core). Offset codes (`q4`: `u = c + 8`) start from
+/// `−8·Σ k`, two more `vpmaddwd` per token and group, shared by the `R` rows. A lane sums
+/// four products: |c·k| ≤ 128·32639, so lanes stay below 2²⁴ and convert to f32
+/// exactly; each (row, token) pair sees the same operations whatever `R` and `T`.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `D::GROUP_SCALES`, `D::CODE_OFFSET ≤ 8`, and every token split
+/// with its int16 codes (checked by [`run_int`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn int16_avx2_target<D: IntRowsSimd, const R: usize, const T: usize>(
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+) {
+    let full = d.cols() / STEP;
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    // Two groups per step: a row's two scales come from one load where the layout keeps
+    // them together. Each accumulator still adds group `blk`, then `blk + 1`.
+    let pairs = full / 2;
+    for pair in 0..pairs {
+        let blk = 2 * pair;
+        let mut tok = [[[_mm256_setzero_si256(); 3]; 2]; T];
+        for (t, x) in tok.iter_mut().zip(xs) {
+            *t = [token_i16::<D>(x, blk), token_i16::<D>(x, blk + 1)];
+        }
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let w = [d.load_i16(i, blk), d.load_i16(i, blk + 1)];
+            if T == 1 {
+                d.prefetch_next(i, blk);
+                d.prefetch_next(i, blk + 1);
+            }
+            let s = d.scale_pair_256(i, blk);
+            for (a, t) in acc.iter_mut().zip(&tok) {
+                for h in 0..2 {
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_i16(w[h], t[h])), s[h], *a);
+                }
+            }
+        }
+    }
+    let mut w = [[_mm256_setzero_si256(); 2]; R];
+    for blk in 2 * pairs..full {
+        for (i, w) in w.iter_mut().enumerate() {
+            *w = d.load_i16(i, blk);
+            if T == 1 {
+                d.prefetch_next(i, blk);
+            }
+        }
+        int16_step::<D, R, T>(d, xs, blk, &w, &mut acc);
+    }
+    if full * STEP < d.cols() {
+        // A partial last group, outside the loop (see `int_body`).
+        for (i, w) in w.iter_mut().enumerate() {
+            *w = widen_codes::<D>(partial_codes(d, i, full));
+        }
+        int16_step::<D, R, T>(d, xs, full, &w, &mut acc);
+    }
+    int_sums::<D, R, T, true>(d, xs, &acc, out);
+}
+
+/// One group of [`int16_avx2_target`]: the int16 codes `w` of the `R` rows against the
+/// `T` tokens.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn int16_step<D: IntRowsSimd, const R: usize, const T: usize>(
+    d: &D,
+    xs: &[QToken; T],
+    blk: usize,
+    w: &[[__m256i; 2]; R],
+    acc: &mut [[__m256; T]; R],
+) {
+    let mut ws = [_mm256_setzero_ps(); R];
+    for (i, ws) in ws.iter_mut().enumerate() {
+        *ws = _mm256_set1_ps(d.group_scale_simd(i, blk));
+    }
+    for (j, x) in xs.iter().enumerate() {
+        let t = token_i16::<D>(x, blk);
+        for i in 0..R {
+            let f = _mm256_cvtepi32_ps(dot_i16(w[i], t));
+            acc[i][j] = _mm256_fmadd_ps(f, ws[i], acc[i][j]);
+        }
+    }
+}
+
+/// Group `blk` of token `x` for [`dot_i16`]: its int16 codes (two vectors) and the lanes
+/// the dot starts from, `−o·Σ k` for codes offset by `o` (else zero).
+///
+/// # Safety
+/// AVX2; `x.k` holds group `blk` (checked by [`run_int`]).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn token_i16<D: IntRowsSimd>(x: &QToken, blk: usize) -> [__m256i; 3] {
+    let at = x.k.as_ptr().add(blk * STEP);
+    let ka = _mm256_loadu_si256(at as *const __m256i);
+    let kb = _mm256_loadu_si256(at.add(16) as *const __m256i);
+    let start = if D::CODE_OFFSET != 0 {
+        let o = _mm256_set1_epi16(-i16::from(D::CODE_OFFSET));
+        _mm256_add_epi32(_mm256_madd_epi16(ka, o), _mm256_madd_epi16(kb, o))
+    } else {
+        _mm256_setzero_si256()
+    };
+    [ka, kb, start]
+}
+
+/// A group's exact integer `Σ c·k` in 8 lanes: the weight codes `w` ([`IntRowsSimd::load_i16`])
+/// against a token's [`token_i16`].
+///
+/// # Safety
+/// AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dot_i16(w: [__m256i; 2], [ka, kb, start]: [__m256i; 3]) -> __m256i {
+    _mm256_add_epi32(
+        _mm256_add_epi32(start, _mm256_madd_epi16(w[0], ka)),
+        _mm256_madd_epi16(w[1], kb),
+    )
 }
 
 /// The factor a finished sum still needs from token `x`: its one scale when split (the
@@ -1535,22 +1736,10 @@ unsafe fn int_step<
         } else {
             (_mm256_setzero_si256(), _mm256_setzero_si256())
         };
-        // AVX2, two levels: the two starts joined once per token (`256·c + c₂`), so that
-        // each row's `256·Σc·q + Σc·q₂` needs no shift and one add fewer (below).
-        let start_both = if SPLIT && !VNNI {
-            _mm256_add_epi32(_mm256_slli_epi32::<SPLIT_SHIFT>(start), start2)
-        } else {
-            _mm256_setzero_si256()
-        };
         for i in 0..R {
-            let dot = if SPLIT && !VNNI {
-                // The same integers as below: `vpmaddwd` by 256 scales the first level's
-                // pair sums (at most 2·128·127 each, so 2²⁴ per lane: no overflow).
-                let (v, v2) = (signed_acts::<D>(xq, raw[i]), signed_acts::<D>(xq2, raw[i]));
-                let hi = _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], v), _mm256_set1_epi16(256));
-                let lo = _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], v2), _mm256_set1_epi16(1));
-                _mm256_add_epi32(_mm256_add_epi32(start_both, hi), lo)
-            } else if SPLIT {
+            // (Without VNNI, two-level products of few tokens run in `int16_avx2_target`;
+            // this path takes the rest, whose int16 codes were not asked for.)
+            let dot = if SPLIT {
                 // `256·Σc·q + Σc·q₂`: lanes of at most 4·128·127·257 < 2²⁴ (exact in
                 // f32 below), the integer form of `Σc·(q + q₂/256)`.
                 let dot = int_dot::<D, VNNI>(start, u[i], xq, raw[i]);

@@ -899,7 +899,7 @@ fn quantize_simd_equals_the_scalar_body() {
             ] {
                 for split in [false, true] {
                     let groups = len.div_ceil(STEP);
-                    let wide = split && order == ActOrder::Natural;
+                    let wide = split;
                     let run = |simd: Kernel| {
                         let mut q = vec![0i8; groups * STEP];
                         let mut q2 = vec![0i8; if split { groups * STEP } else { 0 }];
@@ -966,5 +966,87 @@ fn f16_block_conversion_equals_the_scalar_one() {
         check(&rs, &f16_scales(&bytes, at, rs));
         check(&shuffled, &f16_scales(&bytes, at, shuffled));
         check(&three, &f16_scales(&bytes, at, three));
+    }
+}
+
+/// Without VNNI, two-level products of few tokens sum the int16 codes
+/// (`int16_avx2_target`); the others (tokens quantized without them) dot both byte
+/// levels (`int_step`). Both form the scalar reference's exact group integers, so all
+/// three agree within the f32 bound of the per-group terms, over every `q4` layout, an
+/// odd number of groups and tokens, and a partial row block's worth of tokens. A kernel
+/// that dropped the `−8·Σk` start, or paired a weight with the wrong activation, fails.
+#[test]
+fn two_level_products_agree_with_and_without_int16_codes() {
+    use super::kernel::{run_int, ActOrder, IntRows, QuantizedActs};
+    use super::q4::{Q4Rows, Q4tpRows};
+    if !Kernel::Avx2.is_available() {
+        eprintln!("no AVX2 on this CPU: the int16 kernel does not run here");
+        return;
+    }
+    fn product<D: IntRows, const T: usize>(
+        k: Kernel,
+        d: &D,
+        x: &[f32],
+        cols: usize,
+        int16: bool,
+    ) -> [[f32; T]; 8] {
+        let mut qa = QuantizedActs::default();
+        qa.fill(x, T, cols, None, ActOrder::NibblePairs, true, int16);
+        let xs = std::array::from_fn(|j| qa.token(j));
+        let mut out = [[f32::NAN; T]; 8];
+        run_int::<D, 8, T>(k, d, &xs, &mut out);
+        out
+    }
+    fn agree<D: IntRows, const T: usize>(what: &str, d: &D, w: &[f32], g: Geom, rs: [usize; 8]) {
+        let x = activations(T * g.cols, 31 + T as u64);
+        let scalar = product::<D, T>(Kernel::Scalar, d, &x, g.cols, false);
+        let wr: Vec<f32> = rs
+            .iter()
+            .flat_map(|&r| w[r * g.cols..(r + 1) * g.cols].to_vec())
+            .collect();
+        let bound = int_bound(&wr, 8, g.cols, &x, T, Precision::Balanced);
+        for int16 in [false, true] {
+            let simd = product::<D, T>(Kernel::Avx2, d, &x, g.cols, int16);
+            for (i, (a, b)) in simd.iter().zip(&scalar).enumerate() {
+                for (j, (&a, &b)) in a.iter().zip(b).enumerate() {
+                    let (exact, err) = bound[j * 8 + i];
+                    let tol = 2.0 * tolerance(g.cols / 32 + 8, 4.0 * (err + exact.abs()));
+                    assert!(
+                        (a as f64 - b as f64).abs() <= tol,
+                        "{what} int16 {int16} row {i} token {j}: {a} vs scalar {b}"
+                    );
+                    // And both near the exact product (the quantization bound).
+                    assert!(
+                        (a as f64 - exact).abs() <= err,
+                        "{what}: {a} vs exact {exact}"
+                    );
+                }
+            }
+        }
+    }
+    for cols in [96u64, 160, 2080] {
+        for dtype in [DType::Q4Block, DType::Q4Tiled, DType::Q4tp] {
+            let shape = [11u64, cols];
+            let (bytes, w, g) = encoded(dtype, &shape, 41 + cols);
+            let rs = [10, 0, 3, 4, 5, 9, 7, 1];
+            let what = format!("{dtype} {shape:?}");
+            match dtype {
+                DType::Q4Block => {
+                    let d = Q4Rows::<8, false>::new_at(g, &bytes, rs);
+                    agree::<_, 1>(&what, &d, &w, g, rs);
+                    agree::<_, 3>(&what, &d, &w, g, rs);
+                }
+                DType::Q4Tiled => {
+                    let d = Q4Rows::<8, true>::new_at(g, &bytes, rs);
+                    agree::<_, 1>(&what, &d, &w, g, rs);
+                    agree::<_, 3>(&what, &d, &w, g, rs);
+                }
+                _ => {
+                    let d = Q4tpRows::<8>::new_at(g, &bytes, rs);
+                    agree::<_, 1>(&what, &d, &w, g, rs);
+                    agree::<_, 3>(&what, &d, &w, g, rs);
+                }
+            }
+        }
     }
 }

@@ -302,6 +302,14 @@ fn int_order(m: &Matrix) -> Option<ActOrder> {
     }
 }
 
+/// Whether `m`'s integer kernel over `t` tokens in `order` sums the int16 codes
+/// [`QuantizedActs::fill`] then fills: the row-scaled kernels always (`q8`, natural order);
+/// the grouped kernels without VNNI (`int16_avx2_target`), but not in the panels that take
+/// a long AVX2 product.
+fn int16_codes(m: &Matrix, order: ActOrder, t: usize) -> bool {
+    order == ActOrder::Natural || (!m.kernel.has_vnni() && t < panel::Q4_MIN_TOKENS)
+}
+
 thread_local! {
     /// Quantized activations of the calling thread's `Fast` products, reused.
     static QACTS: RefCell<QuantizedActs> = RefCell::new(QuantizedActs::default());
@@ -318,15 +326,16 @@ fn with_quantized<Out>(
     p: Precision,
     f: impl FnOnce(Acts) -> Out,
 ) -> Out {
-    let col = col_field(m);
+    let (col, int16) = (col_field(m), int16_codes(m, order, t));
+    let fill = |qa: &mut QuantizedActs| qa.fill(x, t, m.cols, col, order, p.split(), int16);
     QACTS.with(|cell| match cell.try_borrow_mut() {
         Ok(mut qa) => {
-            qa.fill(x, t, m.cols, col, order, p.split());
+            fill(&mut qa);
             f(Acts::Int(&qa))
         }
         Err(_) => {
             let mut qa = QuantizedActs::default();
-            qa.fill(x, t, m.cols, col, order, p.split());
+            fill(&mut qa);
             f(Acts::Int(&qa))
         }
     })
@@ -635,7 +644,8 @@ pub fn matmul_each(jobs: &mut [MatmulJob], p: Precision) {
         }
         for (j, qa) in jobs.iter().zip(qas.iter_mut()) {
             if let Some(order) = int_order(j.m) {
-                qa.fill(j.x, j.t, j.m.cols, col_field(j.m), order, p.split());
+                let int16 = int16_codes(j.m, order, j.t);
+                qa.fill(j.x, j.t, j.m.cols, col_field(j.m), order, p.split(), int16);
             }
         }
         jobs.par_iter_mut().zip(qas.par_iter()).for_each(|(j, qa)| {

@@ -189,7 +189,7 @@ fn dequantized(x: &[f32], t: usize, cols: usize, p: Precision) -> Vec<f32> {
     }
     let split = p == Precision::Balanced;
     let mut qa = QuantizedActs::default();
-    qa.fill(x, t, cols, None, ActOrder::Natural, split);
+    qa.fill(x, t, cols, None, ActOrder::Natural, split, true);
     (0..t)
         .flat_map(|j| {
             let tk = qa.token(j);

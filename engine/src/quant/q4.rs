@@ -689,6 +689,30 @@ mod simd {
         _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
     }
 
+    /// [`nibbles_u8_at`] widened to int16 ([`IntRowsSimd::load_i16`]): the 16 bytes
+    /// zero-extended to 16-bit lanes by the load, then the low nibbles masked and the high
+    /// ones shifted down, three instructions. The load is written out: from the intrinsic
+    /// (`_mm256_cvtepu8_epi16`) the compiler moves the mask and the shift before the
+    /// widening, in 128 bits, and then widens each half (five instructions and a load).
+    ///
+    /// # Safety
+    /// AVX2; `nib` points at 16 readable bytes.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn nibbles_i16_at(nib: *const u8) -> [__m256i; 2] {
+        let w: __m256i;
+        std::arch::asm!(
+            "vpmovzxbw {w}, xmmword ptr [{p}]",
+            p = in(reg) nib,
+            w = lateout(ymm_reg) w,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+        [
+            _mm256_and_si256(w, _mm256_set1_epi16(0x0F)),
+            _mm256_srli_epi16::<4>(w),
+        ]
+    }
+
     /// Two groups' 32 nibble bytes at `nib` as two [`nibbles_u8`]: loaded once, placed in
     /// 128-bit lanes `[g0, g0, g1, g1]`, the high nibbles shifted down in lanes 1 and 3.
     ///
@@ -733,6 +757,12 @@ mod simd {
         unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {
             // In bounds: the kernel calls this for `i < R`, `blk < cols / 32`.
             nibbles_u8_at(self.group_unchecked(i, blk).0)
+        }
+
+        #[inline(always)]
+        unsafe fn load_i16(&self, i: usize, blk: usize) -> [__m256i; 2] {
+            // In bounds: as `load_u8`.
+            nibbles_i16_at(self.group_unchecked(i, blk).0)
         }
 
         /// Row data is contiguous: row `i` two blocks on is `2·R` rows further.
@@ -785,7 +815,32 @@ mod simd {
         /// `q4_tiled`: the words that start two tiles, joined and converted at once.
         #[inline(always)]
         unsafe fn pair_scales(&self, i: usize, blk: usize) -> __m512 {
-            let bits = if TILED {
+            let two = _mm_cvtph_ps(_mm_cvtsi32_si128(self.scale_pair_bits(i, blk)));
+            let spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+            _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(two))
+        }
+
+        /// As [`IntRowsSimd::pair_scales`]: one load and one conversion.
+        #[inline(always)]
+        unsafe fn scale_pair_256(&self, i: usize, blk: usize) -> [__m256; 2] {
+            let two = _mm_cvtph_ps(_mm_cvtsi32_si128(self.scale_pair_bits(i, blk)));
+            [
+                _mm256_broadcastss_ps(two),
+                _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two), _mm256_set1_epi32(1)),
+            ]
+        }
+    }
+
+    impl<const R: usize, const TILED: bool> Q4Rows<'_, R, TILED> {
+        /// The f16 scales of groups `blk` and `blk + 1` of row `i` in the low and high
+        /// halves: `q4_block`'s are 4 contiguous bytes, `q4_tiled`'s the words that start
+        /// two tiles.
+        ///
+        /// # Safety
+        /// `i < R`, `blk + 1 < cols / 32`.
+        #[inline(always)]
+        unsafe fn scale_pair_bits(&self, i: usize, blk: usize) -> i32 {
+            if TILED {
                 // In bounds: tiles `blk` and `blk + 1` of row `i`.
                 let t = self
                     .data
@@ -799,10 +854,7 @@ mod simd {
                 // In bounds: scales `blk` and `blk + 1` of row `i`.
                 let p = self.scales.get_unchecked(i).as_ptr().add(2 * blk);
                 (p as *const i32).read_unaligned()
-            };
-            let two = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
-            let spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-            _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(two))
+            }
         }
     }
 
@@ -812,6 +864,19 @@ mod simd {
         #[inline(always)]
         unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {
             nibbles_u8(self.group(i, blk).0)
+        }
+
+        #[inline(always)]
+        unsafe fn load_i16(&self, i: usize, blk: usize) -> [__m256i; 2] {
+            let at = blk * super::NIBBLE_BYTES;
+            nibbles_i16_at(self.nib[i][at..at + super::NIBBLE_BYTES].as_ptr())
+        }
+
+        /// Both rungs from one read of the codes ([`Q4tpRows::pair_scales`]).
+        #[inline(always)]
+        unsafe fn scale_pair_256(&self, i: usize, blk: usize) -> [__m256; 2] {
+            let [s0, s1] = Q4tpRows::pair_scales(self, i, blk);
+            [_mm256_set1_ps(s0), _mm256_set1_ps(s1)]
         }
 
         #[inline(always)]

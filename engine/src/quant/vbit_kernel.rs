@@ -772,7 +772,15 @@ mod tests {
     ) -> [[f32; T]; 8] {
         use super::super::kernel::{run_int, Kernel, QuantizedActs};
         let mut qa = QuantizedActs::default();
-        qa.fill(x, T, cols, None, order, split);
+        qa.fill(
+            x,
+            T,
+            cols,
+            None,
+            order,
+            split,
+            order == super::super::kernel::ActOrder::Natural,
+        );
         let xs = std::array::from_fn(|j| qa.token(j));
         let mut out = [[0f32; T]; 8];
         run_int::<D, 8, T>(Kernel::Avx512, d, &xs, &mut out);
