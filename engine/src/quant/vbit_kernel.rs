@@ -64,6 +64,8 @@ pub(crate) struct WidthTable {
     mask: [u16; 16],
     /// The zero point `L` in every byte.
     zero: [i8; 32],
+    /// The zero point `L` in every 16-bit lane.
+    zero16: [i16; 16],
 }
 
 const fn width_table(b: u8) -> WidthTable {
@@ -72,6 +74,7 @@ const fn width_table(b: u8) -> WidthTable {
         mult: [0; 16],
         mask: [0; 16],
         zero: [0; 32],
+        zero16: [0; 16],
     };
     let mut k = 0;
     while k < 16 {
@@ -85,6 +88,7 @@ const fn width_table(b: u8) -> WidthTable {
         t.shuffle[2 * k + 1] = j as u8;
         t.mult[k] = 1 << (s + b as usize);
         t.mask[k] = (1 << b) - 1;
+        t.zero16[k] = zero_point(b) as i16;
         k += 1;
     }
     let mut i = 0;
@@ -344,22 +348,54 @@ mod simd {
         _mm256_sub_epi8(_mm256_load_si256(t.zero.as_ptr() as *const __m256i), u)
     }
 
+    /// [`group`] in two vectors of 16-bit lanes (codes 0..16 and 16..32), as the halves
+    /// come: without the narrowing to bytes that [`IntRowsSimd::load_i16`] would undo.
+    ///
+    /// # Safety
+    /// As [`group`].
+    #[inline(always)]
+    unsafe fn group_i16(p: *const u8, b: usize, t: &WidthTable) -> [__m256i; 2] {
+        let l = _mm256_load_si256(t.zero16.as_ptr() as *const __m256i);
+        [
+            _mm256_sub_epi16(l, half(p, t)),
+            _mm256_sub_epi16(l, half(p.add(2 * b), t)),
+        ]
+    }
+
+    /// The `4·b` bytes of a group at `p`, zero padded to the 48 its half loads may read.
+    ///
+    /// # Safety
+    /// `4·b` bytes are readable at `p`, `b ≤ 8`.
+    #[inline(always)]
+    unsafe fn copied(p: *const u8, b: usize) -> [u8; 48] {
+        let mut copy = [0u8; 48];
+        std::ptr::copy_nonoverlapping(p, copy.as_mut_ptr(), 4 * b);
+        copy
+    }
+
     impl<const R: usize> VbitRows<'_, R> {
+        /// Where group `blk` of row `i` starts, with its width and table.
+        ///
+        /// # Safety
+        /// `i < R`, `blk < cols / 32`.
+        #[inline(always)]
+        unsafe fn group_at(&self, i: usize, blk: usize) -> (*const u8, usize, &'static WidthTable) {
+            let b = *self.bits.get_unchecked(i) as usize;
+            let t = *self.table.get_unchecked(i);
+            (self.data.get_unchecked(i).as_ptr().add(4 * b * blk), b, t)
+        }
+
         /// [`group`] of group `blk` of row `i`, through a stack copy near the payload's end.
         ///
         /// # Safety
         /// AVX2; `i < R`, `blk < cols / 32`.
         #[inline(always)]
         unsafe fn codes_simd(&self, i: usize, blk: usize) -> __m256i {
-            let b = *self.bits.get_unchecked(i) as usize;
-            let t = *self.table.get_unchecked(i);
-            let p = self.data.get_unchecked(i).as_ptr().add(4 * b * blk);
+            let (p, b, t) = self.group_at(i, blk);
             if self.loads_in_payload(p, b) {
                 group(p, b, t)
             } else {
-                let mut copy = [0u8; 48];
-                std::ptr::copy_nonoverlapping(p, copy.as_mut_ptr(), 4 * b);
-                group(copy.as_ptr(), b, t)
+                group(copied(p, b).as_ptr(), b, t)
             }
         }
 
@@ -399,6 +435,15 @@ mod simd {
         #[inline(always)]
         unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {
             self.codes_simd(i, blk)
+        }
+        #[inline(always)]
+        unsafe fn load_i16(&self, i: usize, blk: usize) -> [__m256i; 2] {
+            let (p, b, t) = self.group_at(i, blk);
+            if self.loads_in_payload(p, b) {
+                group_i16(p, b, t)
+            } else {
+                group_i16(copied(p, b).as_ptr(), b, t)
+            }
         }
         #[inline(always)]
         unsafe fn group_scale_simd(&self, i: usize, blk: usize) -> f32 {
