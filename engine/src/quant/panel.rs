@@ -28,7 +28,7 @@
 //! bound rather than bit for bit; hence [`Q4_MIN_TOKENS`].
 //!
 //! Without AVX-512 VNNI (an AVX2 CPU, or `CORTIQ_SIMD=avx2`) the `q4` and `q1t` products of
-//! 16 tokens or more run in the same panels, packed with AVX2 ([`pack_grouped_avx2`]), 8 rows per
+//! 16 tokens or more run in the same panels (`vbit` in int16 ones, below), packed with AVX2 ([`pack_grouped_avx2`]), 8 rows per
 //! vector and `vpmaddubsw` summing a group in int16 ([`tile_q4_avx2`]): the same exact
 //! group integers in the same order as the AVX-512 panels, so the same values.
 //!
@@ -36,8 +36,12 @@
 //! unpacked once per product instead of once per 4 tokens (in the row kernels, SmolLM2's
 //! 512-token prefill ran at a quarter of `q4_block`'s speed). A group integer of such
 //! codes may pass 2²⁴, so its conversion to f32 rounds once (relative 2⁻²⁴), within the
-//! same bound. The AVX2 panels do not take them: there a `vpmaddubsw` pair of 8-bit codes
-//! and activation bytes can pass the int16 range.
+//! same bound. On AVX2 a `vpmaddubsw` pair of 8-bit codes and activation bytes can pass the
+//! int16 range, so there `vbit` panels hold the codes as int16, two per word, and one
+//! `vpmaddwd` multiplies a pair of columns of 8 rows by the token's int16 codes
+//! `k = 256·q + q₂` ([`tile_i16_avx2`]): both levels at once, the same group integers.
+//! (SmolLM2-135M's 64-token `vbit` prefill at `CORTIQ_SIMD=avx2` ran 1.5× faster than in
+//! the row kernels, Qwen2.5-Coder-0.5B's 1.35×.)
 //!
 //! `q1t` is packed the same way: its ternary digits are codes `−1, 0, 1` with a scale per
 //! tile of 32, so a `q1t` panel is a `q4` panel whose codes are small. Its overlay is added
@@ -106,8 +110,9 @@ pub(super) enum Grouped {
     Q4Tiled,
     Q4tp,
     Q1t,
-    /// `vbit` / `vbit_ro`: codes `L − u` of up to 8 bits (AVX-512 VNNI panels only: the
-    /// AVX2 panels' `vpmaddubsw` pairs would saturate on them).
+    /// `vbit` / `vbit_ro`: codes `L − u` of up to 8 bits. (On AVX2 in int16 panels of
+    /// their own, [`tile_i16_avx2`]: the byte panels' `vpmaddubsw` pairs would saturate on
+    /// them.)
     Vbit,
 }
 
@@ -151,11 +156,11 @@ pub(super) fn applies(m: &Matrix, qa: &QuantizedActs, t: usize) -> Option<Family
     (simd && long_enough && qa.is_split() && m.cols <= MAX_COLS).then_some(fam)
 }
 
-/// Whether `m`'s products of `fam` run in the AVX2 panels ([`tile_q4_avx2`]): the grouped
-/// layouts (`q4`, `q1t`) on a CPU (or a forced level) without AVX-512 VNNI. (The `q8`
-/// panels are AVX-512 only.)
+/// Whether `m`'s products of `fam` run in the AVX2 panels ([`tile_q4_avx2`], and for `vbit`
+/// [`tile_i16_avx2`]): the grouped layouts on a CPU (or a forced level) without AVX-512
+/// VNNI. (The `q8` panels are AVX-512 only.)
 fn avx2_takes(m: &Matrix, fam: Family) -> bool {
-    let grouped = matches!(fam, Family::Grouped(g) if g != Grouped::Vbit);
+    let grouped = matches!(fam, Family::Grouped(_));
     grouped
         && cfg!(target_arch = "x86_64")
         && m.kernel() != Kernel::Scalar
@@ -187,7 +192,12 @@ pub(super) fn matmul(
             Ok(ud) => ud,
             Err(_) => &mut own,
         };
-        unsigned_acts(qa, t, c4, u);
+        let wide = fam == Family::Grouped(Grouped::Vbit) && avx2_takes(m, fam);
+        if wide {
+            int16_pairs(qa, t, c4, u);
+        } else {
+            unsigned_acts(qa, t, c4, u);
+        }
         d.clear();
         d.extend((0..t).map(|j| qa.token(j).d.first().copied().unwrap_or(0.0)));
         let (u, d) = (&*u, &*d);
@@ -250,7 +260,7 @@ pub(super) fn matmul(
                             }
                         })
                     };
-                    let panel_words = panel_len(fam, c4);
+                    let panel_words = panel_len(fam, c4, avx2);
                     if t <= tok_block {
                         // One pass: pack a panel, run every token through it; while it
                         // runs, the next panel's rows are fetched from memory.
@@ -527,10 +537,12 @@ fn panel_rows<'a>(
 /// Words of one packed panel. `q8`: the codes (four per word), then `Σ w` (i32) and the
 /// scale (f32 bits) per row. `q4`: the codes (signed, `nibble − 8`, in the activations'
 /// order; whole 64-column blocks), then per group and row `−32896·Σ w` (i32) and the
-/// group's scale.
-fn panel_len(fam: Family, c4: usize) -> usize {
+/// group's scale. `vbit` on AVX2: the codes as int16 (two per word), then per group and
+/// row the scale ([`pack_i16_avx2`]).
+fn panel_len(fam: Family, c4: usize, avx2: bool) -> usize {
     match fam {
         Family::Q8 => c4 * PANEL + 2 * PANEL,
+        Family::Grouped(Grouped::Vbit) if avx2 => 2 * c4 * PANEL + (c4 / 8) * PANEL,
         Family::Grouped(_) => c4.next_multiple_of(16) * PANEL + 2 * (c4 / 8) * PANEL,
     }
 }
@@ -605,6 +617,10 @@ fn pack(
             let rs = part_rows::<8>(sel, k0 + 8 * oct, live);
             // SAFETY: the AVX2 panels run only where AVX2 is present (`avx2_takes`).
             unsafe {
+                if kind == Grouped::Vbit {
+                    pack_i16_avx2(&vbit_rows::<8>(m, bytes, rs), live, oct, c4, dst);
+                    continue;
+                }
                 with_grouped_rows!(kind, 8, m, g, bytes, rs, |rows| {
                     pack_grouped_avx2(rows, live, oct, c4, dst)
                 })
@@ -717,7 +733,7 @@ unsafe fn pack_avx512(
 unsafe fn pack_q4<D: IntRowsSimd>(d: &D, live: usize, half: usize, c4: usize, dst: &mut [u32]) {
     let groups = c4 / 8;
     let c4p = c4.next_multiple_of(16);
-    assert!(dst.len() == panel_len(Family::Grouped(Grouped::Q4Block), c4));
+    assert!(dst.len() == panel_len(Family::Grouped(Grouped::Q4Block), c4, false));
     let (codes, tail) = dst.split_at_mut(c4p * PANEL);
     let (corr, scales) = tail.split_at_mut(groups * PANEL);
     let levels = transpose_indices();
@@ -783,7 +799,7 @@ unsafe fn pack_grouped_avx2<D: IntRowsSimd>(
     dst: &mut [u32],
 ) {
     let groups = c4 / 8;
-    assert!(dst.len() == panel_len(Family::Grouped(Grouped::Q4Block), c4) && live <= 8);
+    assert!(dst.len() == panel_len(Family::Grouped(Grouped::Q4Block), c4, true) && live <= 8);
     let (codes, tail) = dst.split_at_mut(c4.next_multiple_of(16) * PANEL);
     let (corr, scales) = tail.split_at_mut(groups * PANEL);
     let bias = _mm256_set1_epi8(D::CODE_OFFSET as i8);
@@ -793,35 +809,9 @@ unsafe fn pack_grouped_avx2<D: IntRowsSimd>(
         for (i, r) in r.iter_mut().enumerate().take(live) {
             *r = _mm256_sub_epi8(d.load_u8(i, g), bias);
         }
-        // 8 × 8 words: vector `k` becomes word `k` (columns 4k..4k+4) of every row.
-        let t0: [__m256i; 8] = std::array::from_fn(|i| {
-            let (a, b) = (r[i & !1], r[i | 1]);
-            if i % 2 == 0 {
-                _mm256_unpacklo_epi32(a, b)
-            } else {
-                _mm256_unpackhi_epi32(a, b)
-            }
-        });
-        let t1: [__m256i; 8] = std::array::from_fn(|i| {
-            let base = (i / 4) * 4 + (i % 2);
-            let (a, b) = (t0[base], t0[base + 2]);
-            if (i / 2) % 2 == 0 {
-                _mm256_unpacklo_epi64(a, b)
-            } else {
-                _mm256_unpackhi_epi64(a, b)
-            }
-        });
-        // t1[0..4]: rows 0–3, t1[4..8]: rows 4–7, each a word in each 128-bit half.
+        // Vector `k` becomes word `k` (columns 4k..4k+4) of every row.
         let mut sum = _mm256_setzero_si256();
-        for k in 0..8 {
-            // Words {0|4}, {1|5}, {2|6}, {3|7} sit in t1[0], t1[2], t1[1], t1[3].
-            let m = [0, 2, 1, 3][k % 4];
-            let (lo, hi) = (t1[m], t1[4 + m]);
-            let v = if k < 4 {
-                _mm256_permute2x128_si256::<0x20>(lo, hi)
-            } else {
-                _mm256_permute2x128_si256::<0x31>(lo, hi)
-            };
+        for (k, v) in transpose8(&r).into_iter().enumerate() {
             let at = (8 * g + k) * PANEL + 8 * oct;
             _mm256_storeu_si256(codes[at..at + 8].as_mut_ptr() as *mut _, v);
             sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(ones8, v));
@@ -832,6 +822,99 @@ unsafe fn pack_grouped_avx2<D: IntRowsSimd>(
         _mm256_storeu_si256(corr[at..at + 8].as_mut_ptr() as *mut _, scaled);
         for i in 0..live {
             scales[at + i] = d.group_scale_simd(i, g).to_bits();
+        }
+    }
+}
+
+/// 8 vectors of 8 words, transposed: word `k` of every input in output `k`.
+///
+/// # Safety
+/// AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn transpose8(r: &[__m256i; 8]) -> [__m256i; 8] {
+    let t0: [__m256i; 8] = std::array::from_fn(|i| {
+        let (a, b) = (r[i & !1], r[i | 1]);
+        if i % 2 == 0 {
+            _mm256_unpacklo_epi32(a, b)
+        } else {
+            _mm256_unpackhi_epi32(a, b)
+        }
+    });
+    let t1: [__m256i; 8] = std::array::from_fn(|i| {
+        let base = (i / 4) * 4 + (i % 2);
+        let (a, b) = (t0[base], t0[base + 2]);
+        if (i / 2) % 2 == 0 {
+            _mm256_unpacklo_epi64(a, b)
+        } else {
+            _mm256_unpackhi_epi64(a, b)
+        }
+    });
+    // t1[0..4]: inputs 0–3, t1[4..8]: inputs 4–7, each a word in each 128-bit half; words
+    // {0|4}, {1|5}, {2|6}, {3|7} sit in t1[0], t1[2], t1[1], t1[3].
+    std::array::from_fn(|k| {
+        let m = [0, 2, 1, 3][k % 4];
+        let (lo, hi) = (t1[m], t1[4 + m]);
+        if k < 4 {
+            _mm256_permute2x128_si256::<0x20>(lo, hi)
+        } else {
+            _mm256_permute2x128_si256::<0x31>(lo, hi)
+        }
+    })
+}
+
+/// Rows `8·oct ..` (`live` of them real) of a `vbit` panel for AVX2 ([`tile_i16_avx2`]):
+/// per group, each row's 32 codes widened to int16 ([`IntRowsSimd::load_i16`]: 16 words
+/// of two codes), transposed 8 × 8 words in two halves, then per group and row the scale.
+///
+/// # Safety
+/// AVX2; `dst` is one zeroed panel of [`panel_len`] words (`cols % 32 == 0`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn pack_i16_avx2<D: IntRowsSimd>(
+    d: &D,
+    live: usize,
+    oct: usize,
+    c4: usize,
+    dst: &mut [u32],
+) {
+    let groups = c4 / 8;
+    assert!(dst.len() == panel_len(Family::Grouped(Grouped::Vbit), c4, true) && live <= 8);
+    let (codes, scales) = dst.split_at_mut(2 * c4 * PANEL);
+    for g in 0..groups {
+        let mut r = [[_mm256_setzero_si256(); 8]; 2];
+        for i in 0..live {
+            let [lo, hi] = d.load_i16(i, g);
+            (r[0][i], r[1][i]) = (lo, hi);
+        }
+        for (h, r) in r.iter().enumerate() {
+            for (k, v) in transpose8(r).into_iter().enumerate() {
+                let at = (16 * g + 8 * h + k) * PANEL + 8 * oct;
+                _mm256_storeu_si256(codes[at..at + 8].as_mut_ptr() as *mut _, v);
+            }
+        }
+        let at = g * PANEL + 8 * oct;
+        for i in 0..live {
+            scales[at + i] = d.group_scale_simd(i, g).to_bits();
+        }
+    }
+}
+
+/// Token `j`'s int16 codes `k` as `[2·c4]` words of two (`vbit` on AVX2,
+/// [`tile_i16_avx2`]).
+fn int16_pairs(qa: &QuantizedActs, t: usize, c4: usize, u: &mut Vec<u32>) {
+    u.clear();
+    u.resize(t * c4 * 2, 0);
+    for (j, uj) in u.chunks_exact_mut(2 * c4).enumerate() {
+        let k = qa.token(j).k;
+        assert_eq!(
+            k.len(),
+            2 * uj.len(),
+            "the AVX2 vbit panels take int16 codes"
+        );
+        for (w, k) in uj.iter_mut().zip(k.chunks_exact(2)) {
+            *w = (k[0] as u16 as u32) | (k[1] as u16 as u32) << 16;
         }
     }
 }
@@ -962,16 +1045,31 @@ unsafe fn panel_tokens_avx2(
     k0: usize,
 ) {
     let PanelJob {
-        c4, u, d, n, out, ..
+        fam,
+        c4,
+        u,
+        d,
+        n,
+        out,
+        ..
     } = *job;
     let mut j = toks.start;
     while j < toks.end {
         let left = (toks.end - j).min(2);
         let c = corr.map(|c| &c[(j - toks.start) * PANEL..]);
         for half in 0..2 {
-            match left {
-                2 => tile_q4_avx2::<2>(panel, c4, u, d, j, half, c, k0, n, out),
-                _ => tile_q4_avx2::<1>(panel, c4, u, d, j, half, c, k0, n, out),
+            let at = TileAt {
+                j0: j,
+                half,
+                k0,
+                n,
+                out,
+            };
+            match (fam, left) {
+                (Family::Grouped(Grouped::Vbit), 2) => tile_i16_avx2::<2>(panel, c4, u, d, at),
+                (Family::Grouped(Grouped::Vbit), _) => tile_i16_avx2::<1>(panel, c4, u, d, at),
+                (_, 2) => tile_q4_avx2::<2>(panel, c4, u, d, at, c),
+                _ => tile_q4_avx2::<1>(panel, c4, u, d, at, c),
             }
         }
         j += left;
@@ -1193,21 +1291,18 @@ unsafe fn tile_q4<const T: usize>(
 /// # Safety
 /// AVX2 + FMA; otherwise as [`tile_q4`].
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn tile_q4_avx2<const T: usize>(
     panel: &[u32],
     c4: usize,
     u: &[u32],
     d: &[f32],
-    j0: usize,
-    half: usize,
+    at: TileAt,
     overlay: Option<&[f32]>,
-    k0: usize,
-    n: usize,
-    out: Out,
 ) {
-    let rows = n.saturating_sub(k0 + 16 * half).min(16);
+    let TileAt { j0, half, .. } = at;
+    let rows = at.rows();
     if rows == 0 {
         return;
     }
@@ -1247,6 +1342,31 @@ unsafe fn tile_q4_avx2<const T: usize>(
             }
         }
     }
+    store_tile_avx2(&acc, d, at, overlay, rows);
+}
+
+/// The outputs of an AVX2 tile (`rows` of them, [`TileAt::rows`]), each accumulator times
+/// its token's scale, plus the overlay's corrections if any.
+///
+/// # Safety
+/// AVX2; as the tiles'.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn store_tile_avx2<const T: usize>(
+    acc: &[[__m256; T]; 2],
+    d: &[f32],
+    at: TileAt,
+    overlay: Option<&[f32]>,
+    rows: usize,
+) {
+    let TileAt {
+        j0,
+        half,
+        k0,
+        n,
+        out,
+    } = at;
     for q in 0..T {
         let mut r = [0f32; 16];
         for v in 0..2 {
@@ -1260,6 +1380,76 @@ unsafe fn tile_q4_avx2<const T: usize>(
         let at = (j0 + q) * n + k0 + 16 * half;
         std::ptr::copy_nonoverlapping(r.as_ptr(), out.slice_ptr(at, rows), rows);
     }
+}
+
+/// Where an AVX2 tile's outputs go: rows `16·half ..` of the panel at outputs `k0 ..` (of
+/// `n`; those past `n` are not written), tokens from `j0`.
+#[derive(Clone, Copy)]
+struct TileAt {
+    j0: usize,
+    half: usize,
+    k0: usize,
+    n: usize,
+    out: Out,
+}
+
+impl TileAt {
+    /// The tile's rows that are outputs (up to 16).
+    fn rows(&self) -> usize {
+        self.n.saturating_sub(self.k0 + 16 * self.half).min(16)
+    }
+}
+
+/// Rows `16·half ..` of a `vbit` panel for AVX2 ([`pack_i16_avx2`]) × `T` tokens from `j0`:
+/// per pair of columns one `vpmaddwd` of the rows' int16 codes by the token's int16
+/// activation codes `k = 256·q + q₂` (two of them broadcast), added in int32. A group's sum
+/// `Σ c·k` is exact (|c| ≤ 128: at most 32·128·32639 < 2³¹), and it is the integer the
+/// AVX-512 panels form from both byte levels; its conversion to f32 may round once
+/// (above 2²⁴), as there. Then one multiply-add with the group's scale per group, and the
+/// token's scale at the end: the values of the AVX-512 `vbit` panels, within their f32
+/// bound.
+///
+/// # Safety
+/// AVX2 + FMA; `panel` one [`panel_len`] panel, `u` every token's `2·c4` words of int16
+/// pairs ([`int16_pairs`]), `d` every token's scale, `j0 + T ≤ d.len()`, and no other
+/// thread writes outputs `k0 .. k0 + 32`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn tile_i16_avx2<const T: usize>(
+    panel: &[u32],
+    c4: usize,
+    u: &[u32],
+    d: &[f32],
+    at: TileAt,
+) {
+    let TileAt { j0, half, .. } = at;
+    if at.rows() == 0 {
+        return;
+    }
+    let groups = c4 / 8;
+    let w = panel.as_ptr().add(16 * half);
+    let scales = panel.as_ptr().add(2 * c4 * PANEL + 16 * half) as *const f32;
+    let kp: [*const u32; T] = std::array::from_fn(|q| u.as_ptr().add((j0 + q) * 2 * c4));
+    let mut acc = [[_mm256_setzero_ps(); T]; 2];
+    for g in 0..groups {
+        let mut a = [[_mm256_setzero_si256(); T]; 2];
+        for c in 16 * g..16 * g + 16 {
+            let w0 = _mm256_loadu_si256(w.add(c * PANEL) as *const _);
+            let w1 = _mm256_loadu_si256(w.add(c * PANEL + 8) as *const _);
+            for (q, kp) in kp.iter().enumerate() {
+                let k = _mm256_set1_epi32(*kp.add(c) as i32);
+                a[0][q] = _mm256_add_epi32(a[0][q], _mm256_madd_epi16(w0, k));
+                a[1][q] = _mm256_add_epi32(a[1][q], _mm256_madd_epi16(w1, k));
+            }
+        }
+        for (v, (acc, a)) in acc.iter_mut().zip(&a).enumerate() {
+            let sv = _mm256_loadu_ps(scales.add(g * PANEL + 8 * v));
+            for (acc, a) in acc.iter_mut().zip(a) {
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(*a), sv, *acc);
+            }
+        }
+    }
+    store_tile_avx2(&acc, d, at, None, at.rows());
 }
 
 /// Code word column `c` of a panel (32 rows × 4 columns) against `T` tokens: both levels'
