@@ -563,8 +563,21 @@ impl<'a, const R: usize> Q4tpRows<'a, R> {
     pub fn with_bases(g: Geom, bytes: &'a [u8], rs: [usize; R], bases: [[f32; 2]; R]) -> Self {
         let l = Q4tpLayout::new(g);
         let mult: [f32; R] = std::array::from_fn(|i| bases[i][1]);
-        // Rung-major, so that a rung of all `R` rows is one vector multiply.
-        let mut ladder = [[0f32; R]; LADDER];
+        let mut rows = Q4tpRows {
+            nib: std::array::from_fn(|i| {
+                let at = rs[i] * l.gpr * NIBBLE_BYTES;
+                &bytes[at..at + l.gpr * NIBBLE_BYTES]
+            }),
+            codes: std::array::from_fn(|i| {
+                let at = l.codes + rs[i] * l.code_bytes;
+                &bytes[at..at + l.code_bytes]
+            }),
+            ladder: [[0f32; R]; LADDER],
+            cols: g.cols,
+        };
+        // Rung-major, so that a rung of all `R` rows is one vector multiply; in place (a
+        // ladder built aside was copied into the rows, 1 KiB per block of 8).
+        let ladder = &mut rows.ladder;
         for (t, b) in ladder[0].iter_mut().zip(&bases) {
             *t = b[0];
         }
@@ -574,18 +587,7 @@ impl<'a, const R: usize> Q4tpRows<'a, R> {
                 *t = p * m;
             }
         }
-        Q4tpRows {
-            nib: std::array::from_fn(|i| {
-                let at = rs[i] * l.gpr * NIBBLE_BYTES;
-                &bytes[at..at + l.gpr * NIBBLE_BYTES]
-            }),
-            codes: std::array::from_fn(|i| {
-                let at = l.codes + rs[i] * l.code_bytes;
-                &bytes[at..at + l.code_bytes]
-            }),
-            ladder,
-            cols: g.cols,
-        }
+        rows
     }
 
     /// The scales of groups `blk` and `blk + 1` of row `i`: both 5-bit codes from one
