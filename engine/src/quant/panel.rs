@@ -1,6 +1,6 @@
 //! Prefill's `q8`, `q4`, `q1t` and `vbit` products at the default precision as a blocked
-//! matrix-matrix product on AVX-512 VNNI (and `q4`'s and `q1t`'s on AVX2): weight rows
-//! packed into panels, 16 rows per vector.
+//! matrix-matrix product on AVX-512 VNNI and on AVX2: weight rows packed into panels, 16
+//! rows per vector (8 on AVX2).
 //!
 //! [`super::kernel::run_wide`] sums a row's codes against a token's int16 activation codes
 //! `k = 256·q + q₂` with the columns in the vector lanes, and so ends every (row, token)
@@ -41,7 +41,10 @@
 //! `vpmaddwd` multiplies a pair of columns of 8 rows by the token's int16 codes
 //! `k = 256·q + q₂` ([`tile_i16_avx2`]): both levels at once, the same group integers.
 //! (SmolLM2-135M's 64-token `vbit` prefill at `CORTIQ_SIMD=avx2` ran 1.5× faster than in
-//! the row kernels, Qwen2.5-Coder-0.5B's 1.35×.)
+//! the row kernels, Qwen2.5-Coder-0.5B's 1.35×.) `q8` panels on AVX2 hold int16 codes too,
+//! against the same int16 `k` ([`tile_q8_avx2`]): the row's exact integer summed in int32
+//! over 256 columns at a time and then in f64, so the values are the decode path's bit for
+//! bit, as on AVX-512.
 //!
 //! `q1t` is packed the same way: its ternary digits are codes `−1, 0, 1` with a scale per
 //! tile of 32, so a `q1t` panel is a `q4` panel whose codes are small. Its overlay is added
@@ -143,8 +146,8 @@ fn family(m: &Matrix) -> Option<Family> {
 }
 
 /// The family a product of `m` over `t` tokens of `qa` runs here with, if it does: at the
-/// two-level precision, on AVX-512 VNNI, `q8` products of [`Q8_MIN_TOKENS`] tokens or more
-/// and `q4`/`q1t` products of [`Q4_MIN_TOKENS`]; on AVX2 alone, the `q4`/`q1t` ones.
+/// two-level precision, on AVX-512 VNNI or AVX2, `q8` products of [`Q8_MIN_TOKENS`] tokens
+/// or more and the grouped ones of [`Q4_MIN_TOKENS`].
 pub(super) fn applies(m: &Matrix, qa: &QuantizedActs, t: usize) -> Option<Family> {
     let fam = family(m)?;
     let long_enough = match fam {
@@ -152,19 +155,22 @@ pub(super) fn applies(m: &Matrix, qa: &QuantizedActs, t: usize) -> Option<Family
         Family::Grouped(_) => t >= Q4_MIN_TOKENS,
     };
     let vnni = m.kernel().has_vnni() && cfg!(target_arch = "x86_64");
-    let simd = vnni || avx2_takes(m, fam);
+    let simd = vnni || avx2_takes(m);
     (simd && long_enough && qa.is_split() && m.cols <= MAX_COLS).then_some(fam)
 }
 
-/// Whether `m`'s products of `fam` run in the AVX2 panels ([`tile_q4_avx2`], and for `vbit`
-/// [`tile_i16_avx2`]): the grouped layouts on a CPU (or a forced level) without AVX-512
-/// VNNI. (The `q8` panels are AVX-512 only.)
-fn avx2_takes(m: &Matrix, fam: Family) -> bool {
-    let grouped = matches!(fam, Family::Grouped(_));
-    grouped
-        && cfg!(target_arch = "x86_64")
-        && m.kernel() != Kernel::Scalar
-        && !m.kernel().has_vnni()
+/// Whether `m`'s products run in the AVX2 panels ([`tile_q4_avx2`]; for `vbit`
+/// [`tile_i16_avx2`], for `q8` [`tile_q8_avx2`]): on a CPU (or a forced level) without
+/// AVX-512 VNNI.
+fn avx2_takes(m: &Matrix) -> bool {
+    cfg!(target_arch = "x86_64") && m.kernel() != Kernel::Scalar && !m.kernel().has_vnni()
+}
+
+/// Whether `fam`'s panels hold int16 codes and take the tokens' int16 codes
+/// ([`int16_pairs`]): `vbit` and `q8` on AVX2, whose codes of up to 8 bits would saturate
+/// `vpmaddubsw`'s pairs.
+fn int16_panels(fam: Family, avx2: bool) -> bool {
+    avx2 && matches!(fam, Family::Q8 | Family::Grouped(Grouped::Vbit))
 }
 
 /// `y[j, i] = post_r · d_j · Σ_c w[r, c]·k[j, c]` for the output rows `r` of `sel` (or all),
@@ -192,8 +198,8 @@ pub(super) fn matmul(
             Ok(ud) => ud,
             Err(_) => &mut own,
         };
-        let wide = fam == Family::Grouped(Grouped::Vbit) && avx2_takes(m, fam);
-        if wide {
+        let avx2 = avx2_takes(m);
+        if int16_panels(fam, avx2) {
             int16_pairs(qa, t, c4, u);
         } else {
             unsigned_acts(qa, t, c4, u);
@@ -210,7 +216,6 @@ pub(super) fn matmul(
         // `q1t`: the activations column-major for the overlay.
         let ov = q1t_overlay(m).filter(|_| fam == Family::Grouped(Grouped::Q1t));
         let tp = t.next_multiple_of(16) + 16;
-        let avx2 = avx2_takes(m, fam);
         if ov.is_some() {
             if avx2 {
                 activation_columns_portable(qa, t, tp, g.cols, xt);
@@ -538,9 +543,11 @@ fn panel_rows<'a>(
 /// scale (f32 bits) per row. `q4`: the codes (signed, `nibble − 8`, in the activations'
 /// order; whole 64-column blocks), then per group and row `−32896·Σ w` (i32) and the
 /// group's scale. `vbit` on AVX2: the codes as int16 (two per word), then per group and
-/// row the scale ([`pack_i16_avx2`]).
+/// row the scale ([`pack_i16_avx2`]); `q8` on AVX2: the codes as int16, then per row the
+/// scale ([`pack_q8_avx2`]).
 fn panel_len(fam: Family, c4: usize, avx2: bool) -> usize {
     match fam {
+        Family::Q8 if avx2 => 2 * c4 * PANEL + PANEL,
         Family::Q8 => c4 * PANEL + 2 * PANEL,
         Family::Grouped(Grouped::Vbit) if avx2 => 2 * c4 * PANEL + (c4 / 8) * PANEL,
         Family::Grouped(_) => c4.next_multiple_of(16) * PANEL + 2 * (c4 / 8) * PANEL,
@@ -645,10 +652,27 @@ fn pack(
     }
     let l = Q8Layout::new(g);
     let live = PANEL.min(n - k0);
+    let rows = panel_rows(g, bytes, sel, k0, n);
+    if avx2 {
+        let (codes, scales) = dst.split_at_mut(2 * c4 * PANEL);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the AVX2 panels run only where AVX2 is present (`avx2_takes`).
+        unsafe {
+            pack_q8_avx2(&rows, live, g.cols, codes)
+        };
+        for (i, s) in scales.iter_mut().enumerate() {
+            *s = if i < live {
+                let r = sel.map_or(k0 + i, |s| s[k0 + i] as usize);
+                h2f_scalar(le16(bytes, l.scales + 2 * r)).to_bits()
+            } else {
+                0
+            };
+        }
+        return;
+    }
     if live < PANEL {
         dst.fill(0);
     }
-    let rows = panel_rows(g, bytes, sel, k0, n);
     let (codes, tail) = dst.split_at_mut(c4 * PANEL);
     let (sums, scales) = tail.split_at_mut(PANEL);
     // SAFETY: the panel kernel only runs where AVX-512 VNNI (hence F and BW) is present.
@@ -826,6 +850,47 @@ unsafe fn pack_grouped_avx2<D: IntRowsSimd>(
     }
 }
 
+/// The codes of `rows` (the first `live` of them; the others zero) as int16, two per word,
+/// into a `q8` panel for AVX2 ([`tile_q8_avx2`]): per 16 columns and 8 rows, the bytes
+/// sign-extended and transposed 8 × 8 words in registers; the last `cols % 16` columns one
+/// at a time, and the words past `cols` zero.
+///
+/// # Safety
+/// AVX2; `codes` holds `2·ceil(cols/4)·32` words.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn pack_q8_avx2(rows: &[&[u8]; PANEL], live: usize, cols: usize, codes: &mut [u32]) {
+    let words = 2 * cols.div_ceil(4);
+    assert!(codes.len() == words * PANEL);
+    let blocks = cols / 16;
+    for oct in 0..PANEL / 8 {
+        for blk in 0..blocks {
+            let mut r = [_mm256_setzero_si256(); 8];
+            for (i, r) in r.iter_mut().enumerate() {
+                let row = 8 * oct + i;
+                if row < live {
+                    let p = rows[row].as_ptr().add(16 * blk);
+                    if blk % 4 == 0 {
+                        // The rows come from DRAM, 8 streams at once: ask ahead.
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4 * 64) as *const i8);
+                    }
+                    *r = _mm256_cvtepi8_epi16(_mm_loadu_si128(p as *const _));
+                }
+            }
+            for (k, v) in transpose8(&r).into_iter().enumerate() {
+                let at = (8 * blk + k) * PANEL + 8 * oct;
+                _mm256_storeu_si256(codes[at..at + 8].as_mut_ptr() as *mut _, v);
+            }
+        }
+    }
+    codes[8 * blocks * PANEL..].fill(0);
+    for (i, row) in rows.iter().enumerate().take(live) {
+        for (c, &b) in row.iter().enumerate().skip(16 * blocks) {
+            codes[(c / 2) * PANEL + i] |= (b as i8 as i16 as u16 as u32) << (16 * (c % 2));
+        }
+    }
+}
+
 /// 8 vectors of 8 words, transposed: word `k` of every input in output `k`.
 ///
 /// # Safety
@@ -901,17 +966,17 @@ unsafe fn pack_i16_avx2<D: IntRowsSimd>(
     }
 }
 
-/// Token `j`'s int16 codes `k` as `[2·c4]` words of two (`vbit` on AVX2,
-/// [`tile_i16_avx2`]).
+/// Token `j`'s int16 codes `k` as `[2·c4]` words of two (`vbit` and `q8` on AVX2,
+/// [`tile_i16_avx2`], [`tile_q8_avx2`]); a token's codes are whole groups of 32, zero past
+/// `cols`, so they cover the `4·c4` columns.
 fn int16_pairs(qa: &QuantizedActs, t: usize, c4: usize, u: &mut Vec<u32>) {
     u.clear();
     u.resize(t * c4 * 2, 0);
     for (j, uj) in u.chunks_exact_mut(2 * c4).enumerate() {
         let k = qa.token(j).k;
-        assert_eq!(
-            k.len(),
-            2 * uj.len(),
-            "the AVX2 vbit panels take int16 codes"
+        assert!(
+            k.len() >= 2 * uj.len(),
+            "the AVX2 int16 panels take int16 codes"
         );
         for (w, k) in uj.iter_mut().zip(k.chunks_exact(2)) {
             *w = (k[0] as u16 as u32) | (k[1] as u16 as u32) << 16;
@@ -1054,6 +1119,28 @@ unsafe fn panel_tokens_avx2(
         ..
     } = *job;
     let mut j = toks.start;
+    if fam == Family::Q8 {
+        while j < toks.end {
+            let left = (toks.end - j).min(Q8_TILE_TOKENS_AVX2);
+            for half in 0..2 {
+                let at = TileAt {
+                    j0: j,
+                    half,
+                    k0,
+                    n,
+                    out,
+                };
+                match left {
+                    4 => tile_q8_avx2::<4>(panel, c4, u, d, at),
+                    3 => tile_q8_avx2::<3>(panel, c4, u, d, at),
+                    2 => tile_q8_avx2::<2>(panel, c4, u, d, at),
+                    _ => tile_q8_avx2::<1>(panel, c4, u, d, at),
+                }
+            }
+            j += left;
+        }
+        return;
+    }
     while j < toks.end {
         let left = (toks.end - j).min(2);
         let c = corr.map(|c| &c[(j - toks.start) * PANEL..]);
@@ -1450,6 +1537,87 @@ unsafe fn tile_i16_avx2<const T: usize>(
         }
     }
     store_tile_avx2(&acc, d, at, None, at.rows());
+}
+
+/// Tokens per AVX2 `q8` register tile: 2 row vectors × 4 tokens int32 accumulators, the
+/// two weight vectors and a broadcast = 11 of the 16 registers.
+const Q8_TILE_TOKENS_AVX2: usize = 4;
+
+/// Words (column pairs) a `q8` tile sums in int32 before it adds the sums to f64: 256
+/// columns of `|c| ≤ 128` against `|k| < 2¹⁵` stay below 2³¹.
+const Q8_I32_WORDS: usize = 128;
+
+/// Rows `16·half ..` of a `q8` panel for AVX2 ([`pack_q8_avx2`]) × `T` tokens from `j0`:
+/// per column pair one `vpmaddwd` of the rows' int16 codes by the token's int16 codes
+/// `k = 256·q + q₂` (two broadcast), summed in int32 over [`Q8_I32_WORDS`] and then in f64,
+/// both exact: the row's integer `Σ c·k` that [`super::kernel::run_wide`] sums in i64. Then
+/// as there: rounded to f32, times the token's scale, times the row's. The values are the
+/// decode path's bit for bit.
+///
+/// # Safety
+/// AVX2 + FMA; `panel` one [`panel_len`] panel, `u` every token's `2·c4` words of int16
+/// pairs ([`int16_pairs`]), `d` every token's scale, `j0 + T ≤ d.len()`, and no other
+/// thread writes outputs `k0 .. k0 + 32`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn tile_q8_avx2<const T: usize>(panel: &[u32], c4: usize, u: &[u32], d: &[f32], at: TileAt) {
+    let TileAt {
+        j0,
+        half,
+        k0,
+        n,
+        out,
+    } = at;
+    let rows = at.rows();
+    if rows == 0 {
+        return;
+    }
+    let words = 2 * c4;
+    let w = panel.as_ptr().add(16 * half);
+    let scales = panel.as_ptr().add(words * PANEL + 16 * half) as *const f32;
+    let kp: [*const u32; T] = std::array::from_fn(|q| u.as_ptr().add((j0 + q) * words));
+    // Per token and row vector, the exact sums of its 8 rows in two f64 vectors.
+    let mut exact = [[[_mm256_setzero_pd(); 2]; 2]; T];
+    let mut c0 = 0;
+    while c0 < words {
+        let end = (c0 + Q8_I32_WORDS).min(words);
+        let mut a = [[_mm256_setzero_si256(); T]; 2];
+        for c in c0..end {
+            let w0 = _mm256_loadu_si256(w.add(c * PANEL) as *const _);
+            let w1 = _mm256_loadu_si256(w.add(c * PANEL + 8) as *const _);
+            for q in 0..T {
+                let k = _mm256_set1_epi32(*kp[q].add(c) as i32);
+                a[0][q] = _mm256_add_epi32(a[0][q], _mm256_madd_epi16(w0, k));
+                a[1][q] = _mm256_add_epi32(a[1][q], _mm256_madd_epi16(w1, k));
+            }
+        }
+        for v in 0..2 {
+            for q in 0..T {
+                let [lo, hi] = &mut exact[q][v];
+                *lo = _mm256_add_pd(*lo, _mm256_cvtepi32_pd(_mm256_castsi256_si128(a[v][q])));
+                *hi = _mm256_add_pd(
+                    *hi,
+                    _mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(a[v][q])),
+                );
+            }
+        }
+        c0 = end;
+    }
+    for q in 0..T {
+        let mut r = [0f32; 16];
+        for v in 0..2 {
+            let [lo, hi] = exact[q][v];
+            let s = _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));
+            let x = _mm256_mul_ps(
+                _mm256_mul_ps(s, _mm256_set1_ps(d[j0 + q])),
+                _mm256_loadu_ps(scales.add(8 * v)),
+            );
+            _mm256_storeu_ps(r[8 * v..].as_mut_ptr(), x);
+        }
+        let at = (j0 + q) * n + k0 + 16 * half;
+        std::ptr::copy_nonoverlapping(r.as_ptr(), out.slice_ptr(at, rows), rows);
+    }
 }
 
 /// Code word column `c` of a panel (32 rows × 4 columns) against `T` tokens: both levels'
