@@ -2066,6 +2066,25 @@ unsafe fn wide_avx2_target<D: IntRowsSimd, const R: usize, const T: usize>(
     let mut sums = [[0i64; T]; R];
     for chunk in wide_chunks(d.cols()) {
         let mut acc = [[_mm256_setzero_si256(); T]; R];
+        if T == 1 {
+            // One token: each row's codes go straight into its products, so that the live
+            // registers are the accumulators and one row's codes (holding every row's
+            // widened codes spilled them on AVX2's 16 registers).
+            for b in chunk {
+                let p = xs[0].k.as_ptr().add(b * STEP) as *const __m256i;
+                let (k0, k1) = (_mm256_loadu_si256(p), _mm256_loadu_si256(p.add(1)));
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let raw = wide_codes::<D, T>(d, i, b, full);
+                    let w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(raw));
+                    let w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(raw));
+                    let two =
+                        _mm256_add_epi32(_mm256_madd_epi16(w0, k0), _mm256_madd_epi16(w1, k1));
+                    acc[0] = _mm256_add_epi32(acc[0], two);
+                }
+            }
+            fold_wide(&mut sums, &acc);
+            continue;
+        }
         for b in chunk {
             let mut w = [[_mm256_setzero_si256(); 2]; R];
             for (i, w) in w.iter_mut().enumerate() {
@@ -2086,19 +2105,32 @@ unsafe fn wide_avx2_target<D: IntRowsSimd, const R: usize, const T: usize>(
                 }
             }
         }
-        for (s, a) in sums.iter_mut().zip(&acc) {
-            for (s, a) in s.iter_mut().zip(a) {
-                // In i64: the lanes fit i32, their sum need not.
-                let h = _mm256_add_epi64(
-                    _mm256_cvtepi32_epi64(_mm256_castsi256_si128(*a)),
-                    _mm256_cvtepi32_epi64(_mm256_extracti128_si256::<1>(*a)),
-                );
-                let h = _mm_add_epi64(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
-                *s += _mm_cvtsi128_si64(h) + _mm_extract_epi64::<1>(h);
-            }
-        }
+        fold_wide(&mut sums, &acc);
     }
     sums
+}
+
+/// Adds each accumulator's i32 lanes to its i64 sum.
+///
+/// # Safety
+/// AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn fold_wide<const R: usize, const T: usize>(
+    sums: &mut [[i64; T]; R],
+    acc: &[[__m256i; T]; R],
+) {
+    for (s, a) in sums.iter_mut().zip(acc) {
+        for (s, a) in s.iter_mut().zip(a) {
+            // In i64: the lanes fit i32, their sum need not.
+            let h = _mm256_add_epi64(
+                _mm256_cvtepi32_epi64(_mm256_castsi256_si128(*a)),
+                _mm256_cvtepi32_epi64(_mm256_extracti128_si256::<1>(*a)),
+            );
+            let h = _mm_add_epi64(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+            *s += _mm_cvtsi128_si64(h) + _mm_extract_epi64::<1>(h);
+        }
+    }
 }
 
 /// The codes of the partial last group `blk` of row `i` as [`IntRowsSimd::load_u8`]
