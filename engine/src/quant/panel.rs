@@ -177,7 +177,7 @@ fn int16_panels(fam: Family, avx2: bool) -> bool {
 /// as [`super::kernel::run_wide`] computes each one.
 ///
 /// # Panics
-/// Unless [`applies`] (the CPU must have AVX-512 VNNI) and the sizes agree.
+/// Unless [`applies`] (the CPU must have AVX-512 VNNI or AVX2) and the sizes agree.
 pub(super) fn matmul(
     m: &Matrix,
     fam: Family,
@@ -1096,7 +1096,8 @@ unsafe fn run_panel(
     panel_tokens(job, panel, toks, corr, k0, next)
 }
 
-/// Tokens `toks` against one packed `q4` panel on AVX2, two at a time ([`tile_q4_avx2`]).
+/// Tokens `toks` against one packed panel on AVX2: `q8` four at a time ([`tile_q8_avx2`]),
+/// the grouped layouts two at a time ([`tile_q4_avx2`], [`tile_i16_avx2`]).
 ///
 /// # Safety
 /// AVX2 + FMA; otherwise as [`panel_tokens`].
@@ -1119,30 +1120,13 @@ unsafe fn panel_tokens_avx2(
         ..
     } = *job;
     let mut j = toks.start;
-    if fam == Family::Q8 {
-        while j < toks.end {
-            let left = (toks.end - j).min(Q8_TILE_TOKENS_AVX2);
-            for half in 0..2 {
-                let at = TileAt {
-                    j0: j,
-                    half,
-                    k0,
-                    n,
-                    out,
-                };
-                match left {
-                    4 => tile_q8_avx2::<4>(panel, c4, u, d, at),
-                    3 => tile_q8_avx2::<3>(panel, c4, u, d, at),
-                    2 => tile_q8_avx2::<2>(panel, c4, u, d, at),
-                    _ => tile_q8_avx2::<1>(panel, c4, u, d, at),
-                }
-            }
-            j += left;
-        }
-        return;
-    }
+    let step = if fam == Family::Q8 {
+        Q8_TILE_TOKENS_AVX2
+    } else {
+        2
+    };
     while j < toks.end {
-        let left = (toks.end - j).min(2);
+        let left = (toks.end - j).min(step);
         let c = corr.map(|c| &c[(j - toks.start) * PANEL..]);
         for half in 0..2 {
             let at = TileAt {
@@ -1153,6 +1137,10 @@ unsafe fn panel_tokens_avx2(
                 out,
             };
             match (fam, left) {
+                (Family::Q8, 4) => tile_q8_avx2::<4>(panel, c4, u, d, at),
+                (Family::Q8, 3) => tile_q8_avx2::<3>(panel, c4, u, d, at),
+                (Family::Q8, 2) => tile_q8_avx2::<2>(panel, c4, u, d, at),
+                (Family::Q8, _) => tile_q8_avx2::<1>(panel, c4, u, d, at),
                 (Family::Grouped(Grouped::Vbit), 2) => tile_i16_avx2::<2>(panel, c4, u, d, at),
                 (Family::Grouped(Grouped::Vbit), _) => tile_i16_avx2::<1>(panel, c4, u, d, at),
                 (_, 2) => tile_q4_avx2::<2>(panel, c4, u, d, at, c),
@@ -1562,13 +1550,7 @@ const Q8_I32_WORDS: usize = 128;
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn tile_q8_avx2<const T: usize>(panel: &[u32], c4: usize, u: &[u32], d: &[f32], at: TileAt) {
-    let TileAt {
-        j0,
-        half,
-        k0,
-        n,
-        out,
-    } = at;
+    let TileAt { j0, half, .. } = at;
     let rows = at.rows();
     if rows == 0 {
         return;
@@ -1615,8 +1597,8 @@ unsafe fn tile_q8_avx2<const T: usize>(panel: &[u32], c4: usize, u: &[u32], d: &
             );
             _mm256_storeu_ps(r[8 * v..].as_mut_ptr(), x);
         }
-        let at = (j0 + q) * n + k0 + 16 * half;
-        std::ptr::copy_nonoverlapping(r.as_ptr(), out.slice_ptr(at, rows), rows);
+        let to = (j0 + q) * at.n + at.k0 + 16 * half;
+        std::ptr::copy_nonoverlapping(r.as_ptr(), at.out.slice_ptr(to, rows), rows);
     }
 }
 
