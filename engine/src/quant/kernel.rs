@@ -2066,42 +2066,16 @@ unsafe fn wide_avx2_target<D: IntRowsSimd, const R: usize, const T: usize>(
     let mut sums = [[0i64; T]; R];
     for chunk in wide_chunks(d.cols()) {
         let mut acc = [[_mm256_setzero_si256(); T]; R];
-        if T == 1 {
-            // One token: each row's codes go straight into its products, so that the live
-            // registers are the accumulators and one row's codes (holding every row's
-            // widened codes spilled them on AVX2's 16 registers).
-            for b in chunk {
-                let p = xs[0].k.as_ptr().add(b * STEP) as *const __m256i;
-                let (k0, k1) = (_mm256_loadu_si256(p), _mm256_loadu_si256(p.add(1)));
-                for (i, acc) in acc.iter_mut().enumerate() {
-                    let raw = wide_codes::<D, T>(d, i, b, full);
-                    let w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(raw));
-                    let w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(raw));
-                    let two =
-                        _mm256_add_epi32(_mm256_madd_epi16(w0, k0), _mm256_madd_epi16(w1, k1));
-                    acc[0] = _mm256_add_epi32(acc[0], two);
-                }
-            }
-            fold_wide(&mut sums, &acc);
-            continue;
-        }
+        // Row by row, each row's widened codes straight into its products with every
+        // token: the live registers are one row's codes and the accumulators (holding all
+        // `R` rows' widened codes spilled them on AVX2's 16 registers). The tokens' codes
+        // are reloaded per row, from L1.
         for b in chunk {
-            let mut w = [[_mm256_setzero_si256(); 2]; R];
-            for (i, w) in w.iter_mut().enumerate() {
-                let raw = wide_codes::<D, T>(d, i, b, full);
-                w[0] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(raw));
-                w[1] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(raw));
-            }
-            for (j, x) in xs.iter().enumerate() {
-                // In bounds: `run_int` checked `k.len() = groups·32`.
-                let p = x.k.as_ptr().add(b * STEP) as *const __m256i;
-                let (k0, k1) = (_mm256_loadu_si256(p), _mm256_loadu_si256(p.add(1)));
-                for i in 0..R {
-                    let two = _mm256_add_epi32(
-                        _mm256_madd_epi16(w[i][0], k0),
-                        _mm256_madd_epi16(w[i][1], k1),
-                    );
-                    acc[i][j] = _mm256_add_epi32(acc[i][j], two);
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let w = widen_codes::<D>(wide_codes::<D, T>(d, i, b, full));
+                for (a, x) in acc.iter_mut().zip(xs) {
+                    // In bounds: `run_int` checked `k.len() = groups·32`.
+                    *a = _mm256_add_epi32(*a, dot_i16(w, token_i16::<D>(x, b)));
                 }
             }
         }

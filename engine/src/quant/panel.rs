@@ -167,7 +167,7 @@ fn avx2_takes(m: &Matrix) -> bool {
 }
 
 /// Whether `fam`'s panels hold int16 codes and take the tokens' int16 codes
-/// ([`int16_pairs`]): `vbit` and `q8` on AVX2, whose codes of up to 8 bits would saturate
+/// (`QToken::k`, read in place): `vbit` and `q8` on AVX2, whose codes of up to 8 bits would saturate
 /// `vpmaddubsw`'s pairs.
 fn int16_panels(fam: Family, avx2: bool) -> bool {
     avx2 && matches!(fam, Family::Q8 | Family::Grouped(Grouped::Vbit))
@@ -200,7 +200,13 @@ pub(super) fn matmul(
         };
         let avx2 = avx2_takes(m);
         if int16_panels(fam, avx2) {
-            int16_pairs(qa, t, c4, u);
+            // The int16 tiles read each token's codes where they are: a token's codes are
+            // whole groups of 32, zero past `cols`, so they cover the `4·c4` columns.
+            assert!(
+                (0..t).all(|j| qa.token(j).k.len() >= 4 * c4),
+                "the AVX2 int16 panels take int16 codes"
+            );
+            u.clear();
         } else {
             unsigned_acts(qa, t, c4, u);
         }
@@ -229,6 +235,7 @@ pub(super) fn matmul(
             fam,
             avx2,
             c4,
+            qa,
             u,
             d,
             n,
@@ -272,7 +279,7 @@ pub(super) fn matmul(
                         buf.resize(panel_words, 0);
                         for p in panels.clone() {
                             pack(m, fam, bytes, sel, p * PANEL, n, c4, avx2, buf);
-                            let next = (p + 1 < panels.end && fam == Family::Q8)
+                            let next = (p + 1 < panels.end && fam == Family::Q8 && !avx2)
                                 .then(|| panel_rows(g, bytes, sel, (p + 1) * PANEL, n));
                             let corr = overlay(p, 0..t, corr).then_some(&corr[..]);
                             // SAFETY: `applies` demanded AVX-512 VNNI, or AVX2 when
@@ -653,28 +660,28 @@ fn pack(
     let l = Q8Layout::new(g);
     let live = PANEL.min(n - k0);
     let rows = panel_rows(g, bytes, sel, k0, n);
+    // Both layouts end in the rows' scales.
+    let (body, scales) = dst.split_at_mut(dst.len() - PANEL);
+    for (i, s) in scales.iter_mut().enumerate() {
+        *s = if i < live {
+            let r = sel.map_or(k0 + i, |s| s[k0 + i] as usize);
+            h2f_scalar(le16(bytes, l.scales + 2 * r)).to_bits()
+        } else {
+            0
+        };
+    }
     if avx2 {
-        let (codes, scales) = dst.split_at_mut(2 * c4 * PANEL);
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the AVX2 panels run only where AVX2 is present (`avx2_takes`).
         unsafe {
-            pack_q8_avx2(&rows, live, g.cols, codes)
+            pack_q8_avx2(&rows, live, g.cols, body)
         };
-        for (i, s) in scales.iter_mut().enumerate() {
-            *s = if i < live {
-                let r = sel.map_or(k0 + i, |s| s[k0 + i] as usize);
-                h2f_scalar(le16(bytes, l.scales + 2 * r)).to_bits()
-            } else {
-                0
-            };
-        }
         return;
     }
     if live < PANEL {
-        dst.fill(0);
+        body.fill(0);
     }
-    let (codes, tail) = dst.split_at_mut(c4 * PANEL);
-    let (sums, scales) = tail.split_at_mut(PANEL);
+    let (codes, sums) = body.split_at_mut(c4 * PANEL);
     // SAFETY: the panel kernel only runs where AVX-512 VNNI (hence F and BW) is present.
     #[cfg(target_arch = "x86_64")]
     let done = unsafe { pack_avx512(&rows, live, g.cols, codes, sums) };
@@ -692,8 +699,6 @@ fn pack(
             sum += four.iter().map(|&b| b as i8 as i32).sum::<i32>();
         }
         sums[i] = (sums[i] as i32).wrapping_add(sum) as u32;
-        let r = sel.map_or(k0 + i, |s| s[k0 + i] as usize);
-        scales[i] = h2f_scalar(le16(bytes, l.scales + 2 * r)).to_bits();
     }
 }
 
@@ -835,9 +840,7 @@ unsafe fn pack_grouped_avx2<D: IntRowsSimd>(
         }
         // Vector `k` becomes word `k` (columns 4k..4k+4) of every row.
         let mut sum = _mm256_setzero_si256();
-        for (k, v) in transpose8(&r).into_iter().enumerate() {
-            let at = (8 * g + k) * PANEL + 8 * oct;
-            _mm256_storeu_si256(codes[at..at + 8].as_mut_ptr() as *mut _, v);
+        for v in store_transposed(codes, 8 * g, oct, &r) {
             sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(ones8, v));
         }
         let sum = _mm256_madd_epi16(sum, ones16);
@@ -877,10 +880,7 @@ unsafe fn pack_q8_avx2(rows: &[&[u8]; PANEL], live: usize, cols: usize, codes: &
                     *r = _mm256_cvtepi8_epi16(_mm_loadu_si128(p as *const _));
                 }
             }
-            for (k, v) in transpose8(&r).into_iter().enumerate() {
-                let at = (8 * blk + k) * PANEL + 8 * oct;
-                _mm256_storeu_si256(codes[at..at + 8].as_mut_ptr() as *mut _, v);
-            }
+            store_transposed(codes, 8 * blk, oct, &r);
         }
     }
     codes[8 * blocks * PANEL..].fill(0);
@@ -889,6 +889,27 @@ unsafe fn pack_q8_avx2(rows: &[&[u8]; PANEL], live: usize, cols: usize, codes: &
             codes[(c / 2) * PANEL + i] |= (b as i8 as i16 as u16 as u32) << (16 * (c % 2));
         }
     }
+}
+
+/// `r` (8 rows' words `word0 .. word0 + 8`) transposed ([`transpose8`]) into those words
+/// of rows `8·oct ..` of a panel's `codes`; the vectors stored.
+///
+/// # Safety
+/// AVX2; `codes` holds words `word0 + 8` of the panel's 32 rows.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn store_transposed(
+    codes: &mut [u32],
+    word0: usize,
+    oct: usize,
+    r: &[__m256i; 8],
+) -> [__m256i; 8] {
+    let t = transpose8(r);
+    for (k, v) in t.iter().enumerate() {
+        let at = (word0 + k) * PANEL + 8 * oct;
+        _mm256_storeu_si256(codes[at..at + 8].as_mut_ptr() as *mut _, *v);
+    }
+    t
 }
 
 /// 8 vectors of 8 words, transposed: word `k` of every input in output `k`.
@@ -954,32 +975,11 @@ unsafe fn pack_i16_avx2<D: IntRowsSimd>(
             (r[0][i], r[1][i]) = (lo, hi);
         }
         for (h, r) in r.iter().enumerate() {
-            for (k, v) in transpose8(r).into_iter().enumerate() {
-                let at = (16 * g + 8 * h + k) * PANEL + 8 * oct;
-                _mm256_storeu_si256(codes[at..at + 8].as_mut_ptr() as *mut _, v);
-            }
+            store_transposed(codes, 16 * g + 8 * h, oct, r);
         }
         let at = g * PANEL + 8 * oct;
         for i in 0..live {
             scales[at + i] = d.group_scale_simd(i, g).to_bits();
-        }
-    }
-}
-
-/// Token `j`'s int16 codes `k` as `[2·c4]` words of two (`vbit` and `q8` on AVX2,
-/// [`tile_i16_avx2`], [`tile_q8_avx2`]); a token's codes are whole groups of 32, zero past
-/// `cols`, so they cover the `4·c4` columns.
-fn int16_pairs(qa: &QuantizedActs, t: usize, c4: usize, u: &mut Vec<u32>) {
-    u.clear();
-    u.resize(t * c4 * 2, 0);
-    for (j, uj) in u.chunks_exact_mut(2 * c4).enumerate() {
-        let k = qa.token(j).k;
-        assert!(
-            k.len() >= 2 * uj.len(),
-            "the AVX2 int16 panels take int16 codes"
-        );
-        for (w, k) in uj.iter_mut().zip(k.chunks_exact(2)) {
-            *w = (k[0] as u16 as u32) | (k[1] as u16 as u32) << 16;
         }
     }
 }
@@ -1062,14 +1062,15 @@ fn unsigned_acts(qa: &QuantizedActs, t: usize, c4: usize, u: &mut Vec<u32>) {
 }
 
 /// What every panel of one product shares: the family and kernel, the activations
-/// (`u`: each token's `2·c4` unsigned words, `d`: each token's scale), the output rows `n`
-/// and where they go.
+/// (`u`: each token's `2·c4` unsigned words, empty for the int16 panels, which read `qa`'s
+/// int16 codes; `d`: each token's scale), the output rows `n` and where they go.
 #[derive(Clone, Copy)]
 struct PanelJob<'a> {
     fam: Family,
     /// The AVX2 tiles ([`avx2_takes`]) instead of the AVX-512 ones.
     avx2: bool,
     c4: usize,
+    qa: &'a QuantizedActs,
     u: &'a [u32],
     d: &'a [f32],
     n: usize,
@@ -1113,6 +1114,7 @@ unsafe fn panel_tokens_avx2(
     let PanelJob {
         fam,
         c4,
+        qa,
         u,
         d,
         n,
@@ -1137,12 +1139,12 @@ unsafe fn panel_tokens_avx2(
                 out,
             };
             match (fam, left) {
-                (Family::Q8, 4) => tile_q8_avx2::<4>(panel, c4, u, d, at),
-                (Family::Q8, 3) => tile_q8_avx2::<3>(panel, c4, u, d, at),
-                (Family::Q8, 2) => tile_q8_avx2::<2>(panel, c4, u, d, at),
-                (Family::Q8, _) => tile_q8_avx2::<1>(panel, c4, u, d, at),
-                (Family::Grouped(Grouped::Vbit), 2) => tile_i16_avx2::<2>(panel, c4, u, d, at),
-                (Family::Grouped(Grouped::Vbit), _) => tile_i16_avx2::<1>(panel, c4, u, d, at),
+                (Family::Q8, 4) => tile_q8_avx2::<4>(panel, c4, qa, d, at),
+                (Family::Q8, 3) => tile_q8_avx2::<3>(panel, c4, qa, d, at),
+                (Family::Q8, 2) => tile_q8_avx2::<2>(panel, c4, qa, d, at),
+                (Family::Q8, _) => tile_q8_avx2::<1>(panel, c4, qa, d, at),
+                (Family::Grouped(Grouped::Vbit), 2) => tile_i16_avx2::<2>(panel, c4, qa, d, at),
+                (Family::Grouped(Grouped::Vbit), _) => tile_i16_avx2::<1>(panel, c4, qa, d, at),
                 (_, 2) => tile_q4_avx2::<2>(panel, c4, u, d, at, c),
                 _ => tile_q4_avx2::<1>(panel, c4, u, d, at, c),
             }
@@ -1485,15 +1487,15 @@ impl TileAt {
 /// bound.
 ///
 /// # Safety
-/// AVX2 + FMA; `panel` one [`panel_len`] panel, `u` every token's `2·c4` words of int16
-/// pairs ([`int16_pairs`]), `d` every token's scale, `j0 + T ≤ d.len()`, and no other
-/// thread writes outputs `k0 .. k0 + 32`.
+/// AVX2 + FMA; `panel` one [`panel_len`] panel, `qa` tokens with int16 codes over `4·c4`
+/// columns, `d` every token's scale, `j0 + T ≤ d.len()`, and no other thread writes
+/// outputs `k0 .. k0 + 32`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn tile_i16_avx2<const T: usize>(
     panel: &[u32],
     c4: usize,
-    u: &[u32],
+    qa: &QuantizedActs,
     d: &[f32],
     at: TileAt,
 ) {
@@ -1504,18 +1506,12 @@ unsafe fn tile_i16_avx2<const T: usize>(
     let groups = c4 / 8;
     let w = panel.as_ptr().add(16 * half);
     let scales = panel.as_ptr().add(2 * c4 * PANEL + 16 * half) as *const f32;
-    let kp: [*const u32; T] = std::array::from_fn(|q| u.as_ptr().add((j0 + q) * 2 * c4));
+    let kp = int16_pairs::<T>(qa, j0);
     let mut acc = [[_mm256_setzero_ps(); T]; 2];
     for g in 0..groups {
         let mut a = [[_mm256_setzero_si256(); T]; 2];
         for c in 16 * g..16 * g + 16 {
-            let w0 = _mm256_loadu_si256(w.add(c * PANEL) as *const _);
-            let w1 = _mm256_loadu_si256(w.add(c * PANEL + 8) as *const _);
-            for (q, kp) in kp.iter().enumerate() {
-                let k = _mm256_set1_epi32(*kp.add(c) as i32);
-                a[0][q] = _mm256_add_epi32(a[0][q], _mm256_madd_epi16(w0, k));
-                a[1][q] = _mm256_add_epi32(a[1][q], _mm256_madd_epi16(w1, k));
-            }
+            step_i16::<T>(w, c, &kp, &mut a);
         }
         for (v, (acc, a)) in acc.iter_mut().zip(&a).enumerate() {
             let sv = _mm256_loadu_ps(scales.add(g * PANEL + 8 * v));
@@ -1525,6 +1521,38 @@ unsafe fn tile_i16_avx2<const T: usize>(
         }
     }
     store_tile_avx2(&acc, d, at, None, at.rows());
+}
+
+/// Where tokens `j0 .. j0 + T`'s int16 codes start, read as words of two (a column pair
+/// per word, little-endian: the int16 panels' order).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn int16_pairs<const T: usize>(qa: &QuantizedActs, j0: usize) -> [*const u32; T] {
+    std::array::from_fn(|q| qa.token(j0 + q).k.as_ptr() as *const u32)
+}
+
+/// Column pair `c` of an int16 panel's 16 rows (two 8-row vectors) against `T` tokens: one
+/// `vpmaddwd` per row vector and token with the token's pair `k` broadcast, added to `a`
+/// in int32.
+///
+/// # Safety
+/// AVX2; `w` is a panel's half with pair `c`, each `kp[q]` a token's `c + 1` pairs.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn step_i16<const T: usize>(
+    w: *const u32,
+    c: usize,
+    kp: &[*const u32; T],
+    a: &mut [[__m256i; T]; 2],
+) {
+    let w0 = _mm256_loadu_si256(w.add(c * PANEL) as *const _);
+    let w1 = _mm256_loadu_si256(w.add(c * PANEL + 8) as *const _);
+    for (q, kp) in kp.iter().enumerate() {
+        // Unaligned: the codes are int16.
+        let k = _mm256_set1_epi32(kp.add(c).read_unaligned() as i32);
+        a[0][q] = _mm256_add_epi32(a[0][q], _mm256_madd_epi16(w0, k));
+        a[1][q] = _mm256_add_epi32(a[1][q], _mm256_madd_epi16(w1, k));
+    }
 }
 
 /// Tokens per AVX2 `q8` register tile: 2 row vectors × 4 tokens int32 accumulators, the
@@ -1543,13 +1571,17 @@ const Q8_I32_WORDS: usize = 128;
 /// decode path's bit for bit.
 ///
 /// # Safety
-/// AVX2 + FMA; `panel` one [`panel_len`] panel, `u` every token's `2·c4` words of int16
-/// pairs ([`int16_pairs`]), `d` every token's scale, `j0 + T ≤ d.len()`, and no other
-/// thread writes outputs `k0 .. k0 + 32`.
+/// As [`tile_i16_avx2`].
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn tile_q8_avx2<const T: usize>(panel: &[u32], c4: usize, u: &[u32], d: &[f32], at: TileAt) {
+unsafe fn tile_q8_avx2<const T: usize>(
+    panel: &[u32],
+    c4: usize,
+    qa: &QuantizedActs,
+    d: &[f32],
+    at: TileAt,
+) {
     let TileAt { j0, half, .. } = at;
     let rows = at.rows();
     if rows == 0 {
@@ -1558,7 +1590,7 @@ unsafe fn tile_q8_avx2<const T: usize>(panel: &[u32], c4: usize, u: &[u32], d: &
     let words = 2 * c4;
     let w = panel.as_ptr().add(16 * half);
     let scales = panel.as_ptr().add(words * PANEL + 16 * half) as *const f32;
-    let kp: [*const u32; T] = std::array::from_fn(|q| u.as_ptr().add((j0 + q) * words));
+    let kp = int16_pairs::<T>(qa, j0);
     // Per token and row vector, the exact sums of its 8 rows in two f64 vectors.
     let mut exact = [[[_mm256_setzero_pd(); 2]; 2]; T];
     let mut c0 = 0;
@@ -1566,13 +1598,7 @@ unsafe fn tile_q8_avx2<const T: usize>(panel: &[u32], c4: usize, u: &[u32], d: &
         let end = (c0 + Q8_I32_WORDS).min(words);
         let mut a = [[_mm256_setzero_si256(); T]; 2];
         for c in c0..end {
-            let w0 = _mm256_loadu_si256(w.add(c * PANEL) as *const _);
-            let w1 = _mm256_loadu_si256(w.add(c * PANEL + 8) as *const _);
-            for q in 0..T {
-                let k = _mm256_set1_epi32(*kp[q].add(c) as i32);
-                a[0][q] = _mm256_add_epi32(a[0][q], _mm256_madd_epi16(w0, k));
-                a[1][q] = _mm256_add_epi32(a[1][q], _mm256_madd_epi16(w1, k));
-            }
+            step_i16::<T>(w, c, &kp, &mut a);
         }
         for v in 0..2 {
             for q in 0..T {
