@@ -40,7 +40,9 @@
 //!   shared, so the second level costs five multiply-adds and loads per token and step.
 //!   Elsewhere (AVX2, scalar, AVX-512 without VBMI/VNNI) the codes are extracted as
 //!   int8 by the multiplies above and run through the shared integer kernel, which
-//!   handles both levels itself.
+//!   handles both levels itself. Its AVX2 two-level loop takes int16 codes, which come
+//!   from one multiply and two compares per 16 (`codes_i16`): Zen 2 has one vector
+//!   multiplier, and the second multiply of the digit took it from the dot.
 //!
 //! Why not lookup tables of partial sums (T-MAC / bitnet.cpp)? They were measured (one
 //! core of the 2-core AVX-512 VM this was written on, SPR, busy with other builds, so
@@ -366,11 +368,24 @@ mod simd {
         s
     }
 
+    /// `σ` for two 16-word vectors in element order: elements `OFF..OFF + 16`.
+    const fn sigma_256_i16<const OFF: usize>() -> [usize; 16] {
+        let mut s = [0; 16];
+        let mut q = 0;
+        while q < 16 {
+            s[q] = OFF + q;
+            q += 1;
+        }
+        s
+    }
+
     static W512: ([u8; 64], [u16; 32]) = words::<64, 32>(sigma_512());
     static WA_F: ([u8; 32], [u16; 16]) = words::<32, 16>(sigma_256_f32::<0>());
     static WB_F: ([u8; 32], [u16; 16]) = words::<32, 16>(sigma_256_f32::<16>());
     static WA_I: ([u8; 32], [u16; 16]) = words::<32, 16>(sigma_256_int::<0>());
     static WB_I: ([u8; 32], [u16; 16]) = words::<32, 16>(sigma_256_int::<8>());
+    static WA_W: ([u8; 32], [u16; 16]) = words::<32, 16>(sigma_256_i16::<0>());
+    static WB_W: ([u8; 32], [u16; 16]) = words::<32, 16>(sigma_256_i16::<16>());
     /// f16 words `[0, s, s]` from a tile (bytes 0, 1 are `s`).
     static SCALE_WORDS: [u8; 16] = [
         0x80, 0x80, 0, 1, 0, 1, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80,
@@ -413,6 +428,21 @@ mod simd {
         let da = _mm256_mulhi_epu16(_mm256_mullo_epi16(da, ld256(&a.1)), three);
         let db = _mm256_mulhi_epu16(_mm256_mullo_epi16(db, ld256(&b.1)), three);
         (t, da, db)
+    }
+
+    /// The signed codes (`0, +1, −1` in 16-bit words) of the 16 words of a tile that
+    /// `w` selects, without a multiply for the digit: the digit of `x = (b·DIV) mod 2¹⁶`
+    /// is `⌊3x / 2¹⁶⌋`, i.e. whether `x` reaches `⌈2¹⁶/3⌉` and `⌈2·2¹⁶/3⌉`: two compares
+    /// (signed, after flipping the top bit), whose masks `c₁, c₂ ∈ {0, −1}` give the code
+    /// as `2·c₂ − c₁`. (`vpmulhuw` by 3 ran on the one vector multiplier of Zen 2, as do
+    /// the `vpmullw` and the dot's `vpmaddwd`.)
+    #[inline(always)]
+    unsafe fn codes_i16(z: __m256i, w: &([u8; 32], [u16; 16])) -> __m256i {
+        let x = _mm256_mullo_epi16(_mm256_shuffle_epi8(z, ld256(&w.0)), ld256(&w.1));
+        let x = _mm256_xor_si256(x, _mm256_set1_epi16(i16::MIN));
+        let c1 = _mm256_cmpgt_epi16(x, _mm256_set1_epi16((21846 - 32768 - 1) as i16));
+        let c2 = _mm256_cmpgt_epi16(x, _mm256_set1_epi16((43691 - 32768 - 1) as i16));
+        _mm256_sub_epi16(_mm256_add_epi16(c2, c2), c1)
     }
 
     impl<const R: usize> RowsAvx2 for Q1tRows<'_, R> {
@@ -469,6 +499,14 @@ mod simd {
             let p = self.tiles.get_unchecked(i).as_ptr().add(blk * Q1T_TILE);
             let (_, da, db) = digits_256(p, &WA_I, &WB_I);
             _mm256_shuffle_epi8(ld256(&CODE), _mm256_packus_epi16(da, db))
+        }
+
+        #[inline(always)]
+        unsafe fn load_i16(&self, i: usize, blk: usize) -> [__m256i; 2] {
+            // In bounds: as in `load_avx2`.
+            let p = self.tiles.get_unchecked(i).as_ptr().add(blk * Q1T_TILE);
+            let z = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+            [codes_i16(z, &WA_W), codes_i16(z, &WB_W)]
         }
 
         #[inline(always)]
@@ -1293,7 +1331,7 @@ impl Q1tProduct<'_> {
             Q1tActs::Int(qa) if self.k == Kernel::Avx512 && dm_available() => {
                 self.dm(qa, outs, toks, put)
             }
-            Q1tActs::Int(qa) => self.tiles(&IntTile(qa), outs, toks, put),
+            Q1tActs::Int(qa) => self.tiles(&IntTile::new(qa, &toks), outs, toks, put),
         }
     }
 
@@ -1414,7 +1452,7 @@ impl Q1tProduct<'_> {
         toks: Range<usize>,
         put: &mut P,
     ) {
-        self.tiles(&IntTile(qa), outs, toks, put)
+        self.tiles(&IntTile::new(qa, &toks), outs, toks, put)
     }
 }
 
@@ -1479,7 +1517,27 @@ impl Tile for ExactTile<'_> {
 
 /// `Fast` and `Balanced` without the digit-major kernel: int8 codes into the shared
 /// integer loops (which handle both levels), then the overlay.
-struct IntTile<'a>(&'a QuantizedActs);
+struct IntTile<'a> {
+    qa: &'a QuantizedActs,
+    /// The token of a one-token range (decode), resolved once per task: slicing the
+    /// quantized buffers per block of rows was 4% of a SmolLM2 `q1t` decode.
+    one: Option<(usize, QToken<'a>)>,
+}
+
+impl<'a> IntTile<'a> {
+    fn new(qa: &'a QuantizedActs, toks: &Range<usize>) -> Self {
+        let one = (toks.len() == 1).then(|| (toks.start, qa.token(toks.start)));
+        IntTile { qa, one }
+    }
+
+    #[inline(always)]
+    fn token(&self, j: usize) -> QToken<'a> {
+        match self.one {
+            Some((j1, x)) if j1 == j => x,
+            _ => self.qa.token(j),
+        }
+    }
+}
 
 impl Tile for IntTile<'_> {
     #[inline(always)]
@@ -1492,7 +1550,7 @@ impl Tile for IntTile<'_> {
     ) {
         let rs = cx.rows::<R>(o);
         let d = Q1tRows::<R>::new_at(cx.g, cx.bytes, rs);
-        let xs: [QToken; T] = std::array::from_fn(|q| self.0.token(j + q));
+        let xs: [QToken; T] = std::array::from_fn(|q| self.token(j + q));
         let mut out = [[0f32; T]; R];
         kernel::run_int::<_, R, T>(cx.k, &d, &xs, &mut out);
         cx.finish((o, j), &rs, &xs, out, put);
