@@ -1499,14 +1499,10 @@ unsafe fn tile_i16_avx2<const T: usize>(
     d: &[f32],
     at: TileAt,
 ) {
-    let TileAt { j0, half, .. } = at;
-    if at.rows() == 0 {
+    let Some((w, scales, kp)) = int16_tile::<T>(panel, c4, qa, &at) else {
         return;
-    }
+    };
     let groups = c4 / 8;
-    let w = panel.as_ptr().add(16 * half);
-    let scales = panel.as_ptr().add(2 * c4 * PANEL + 16 * half) as *const f32;
-    let kp = int16_pairs::<T>(qa, j0);
     let mut acc = [[_mm256_setzero_ps(); T]; 2];
     for g in 0..groups {
         let mut a = [[_mm256_setzero_si256(); T]; 2];
@@ -1523,12 +1519,29 @@ unsafe fn tile_i16_avx2<const T: usize>(
     store_tile_avx2(&acc, d, at, None, at.rows());
 }
 
-/// Where tokens `j0 .. j0 + T`'s int16 codes start, read as words of two (a column pair
-/// per word, little-endian: the int16 panels' order).
+/// What an int16 tile ([`tile_i16_avx2`], [`tile_q8_avx2`]) reads: its half of the panel's
+/// code words, the scales after the panel's `2·c4` words, and where tokens `j0 .. j0 + T`'s
+/// int16 codes start, read as words of two (a column pair per word, little-endian: the
+/// int16 panels' order). `None` when none of the half's rows are outputs.
+///
+/// # Safety
+/// `panel` one [`panel_len`] int16 panel of `c4`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn int16_pairs<const T: usize>(qa: &QuantizedActs, j0: usize) -> [*const u32; T] {
-    std::array::from_fn(|q| qa.token(j0 + q).k.as_ptr() as *const u32)
+#[allow(clippy::type_complexity)]
+unsafe fn int16_tile<const T: usize>(
+    panel: &[u32],
+    c4: usize,
+    qa: &QuantizedActs,
+    at: &TileAt,
+) -> Option<(*const u32, *const f32, [*const u32; T])> {
+    if at.rows() == 0 {
+        return None;
+    }
+    let w = panel.as_ptr().add(16 * at.half);
+    let scales = panel.as_ptr().add(2 * c4 * PANEL + 16 * at.half) as *const f32;
+    let kp = std::array::from_fn(|q| qa.token(at.j0 + q).k.as_ptr() as *const u32);
+    Some((w, scales, kp))
 }
 
 /// Column pair `c` of an int16 panel's 16 rows (two 8-row vectors) against `T` tokens: one
@@ -1582,15 +1595,11 @@ unsafe fn tile_q8_avx2<const T: usize>(
     d: &[f32],
     at: TileAt,
 ) {
-    let TileAt { j0, half, .. } = at;
-    let rows = at.rows();
-    if rows == 0 {
+    let Some((w, scales, kp)) = int16_tile::<T>(panel, c4, qa, &at) else {
         return;
-    }
-    let words = 2 * c4;
-    let w = panel.as_ptr().add(16 * half);
-    let scales = panel.as_ptr().add(words * PANEL + 16 * half) as *const f32;
-    let kp = int16_pairs::<T>(qa, j0);
+    };
+    let TileAt { j0, half, .. } = at;
+    let (rows, words) = (at.rows(), 2 * c4);
     // Per token and row vector, the exact sums of its 8 rows in two f64 vectors.
     let mut exact = [[[_mm256_setzero_pd(); 2]; 2]; T];
     let mut c0 = 0;

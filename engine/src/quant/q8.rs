@@ -396,17 +396,15 @@ impl<const R: usize, const COL: bool> IntRowsScalar for Q8Rows<'_, R, COL> {
     }
 }
 
-/// Row length from which [`IntRowsSimd::prefetch_next`] of `q8` rows follows each row
-/// instead of the block as one linear stream.
-#[cfg(target_arch = "x86_64")]
-const LINEAR_PREFETCH_MAX_COLS: usize = 2048;
-
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::super::kernel::{IntRowsSimd, RowsAvx2, RowsAvx512, STEP};
     use super::Q8Rows;
-    use super::LINEAR_PREFETCH_MAX_COLS;
     use std::arch::x86_64::*;
+
+    /// Row length from which [`IntRowsSimd::prefetch_next`] of `q8` rows follows each row
+    /// instead of the block as one linear stream.
+    const LINEAR_PREFETCH_MAX_COLS: usize = 2048;
 
     impl<const R: usize, const COL: bool> IntRowsSimd for Q8Rows<'_, R, COL> {
         #[inline(always)]
