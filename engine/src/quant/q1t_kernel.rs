@@ -250,6 +250,7 @@ pub(crate) struct Q1tRows<'a, const R: usize> {
 
 impl<'a, const R: usize> Q1tRows<'a, R> {
     /// Rows `rs` (any `R` rows) of a validated payload.
+    #[inline(always)]
     pub fn new_at(g: Geom, bytes: &'a [u8], rs: [usize; R]) -> Self {
         let rb = g.cols / STEP * Q1T_TILE;
         Q1tRows {
@@ -1277,6 +1278,9 @@ thread_local! {
     /// The calling thread's digit-major activations; borrowed only inside one task of a
     /// product (no parallel call in between), so products never contend for it.
     static DM: RefCell<DmActs> = RefCell::new(DmActs::default());
+    /// The calling thread's dequantized token of a one-token product ([`dequantize`]),
+    /// borrowed like [`DM`].
+    static DEQ: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Sizes the calling thread's buffer for products of up to `cols` columns over up to `t`
@@ -1286,6 +1290,12 @@ pub(crate) fn reserve_thread(cols: usize, t: usize) {
     DM.with(|d| {
         if let Ok(mut d) = d.try_borrow_mut() {
             d.reserve(cols, t)
+        }
+    });
+    DEQ.with(|d| {
+        if let Ok(mut d) = d.try_borrow_mut() {
+            let more = cols.saturating_sub(d.len());
+            d.reserve(more)
         }
     });
 }
@@ -1331,6 +1341,20 @@ impl Q1tProduct<'_> {
             Q1tActs::Int(qa) if self.k == Kernel::Avx512 && dm_available() => {
                 self.dm(qa, outs, toks, put)
             }
+            Q1tActs::Int(qa) if toks.len() == 1 => DEQ.with(|cell| {
+                let (j, x) = (toks.start, qa.token(toks.start));
+                let Ok(mut deq) = cell.try_borrow_mut() else {
+                    // Not reached (see `DM`); a surprise costs speed, not a panic.
+                    return self.tiles(&IntTile::new(qa, &toks), outs, toks, put);
+                };
+                dequantize(self.k, &x, self.g.cols, &mut deq);
+                let one = Some(OneToken {
+                    j,
+                    x: [x],
+                    deq: [&deq[..]],
+                });
+                self.tiles(&IntTile { qa, one }, outs, toks, put)
+            }),
             Q1tActs::Int(qa) => self.tiles(&IntTile::new(qa, &toks), outs, toks, put),
         }
     }
@@ -1519,22 +1543,95 @@ impl Tile for ExactTile<'_> {
 /// integer loops (which handle both levels), then the overlay.
 struct IntTile<'a> {
     qa: &'a QuantizedActs,
-    /// The token of a one-token range (decode), resolved once per task: slicing the
-    /// quantized buffers per block of rows was 4% of a SmolLM2 `q1t` decode.
-    one: Option<(usize, QToken<'a>)>,
+    /// The token of a one-token range (decode), resolved once per task (slicing the
+    /// quantized buffers per block of rows was 4% of a SmolLM2 `q1t` decode) and handed
+    /// to the kernels in place (copying its slices per block into a new array stalled on
+    /// store forwarding, another 4%); with it, when given, its [`dequantize`]d activations
+    /// for the overlay.
+    one: Option<OneToken<'a>>,
+}
+
+/// Token `j` of a one-token range, as [`IntTile`] hands it over: arrays of one, which the
+/// kernels take in place.
+struct OneToken<'a> {
+    j: usize,
+    x: [QToken<'a>; 1],
+    deq: [&'a [f32]; 1],
 }
 
 impl<'a> IntTile<'a> {
     fn new(qa: &'a QuantizedActs, toks: &Range<usize>) -> Self {
-        let one = (toks.len() == 1).then(|| (toks.start, qa.token(toks.start)));
+        let one = (toks.len() == 1).then(|| OneToken {
+            j: toks.start,
+            x: [qa.token(toks.start)],
+            deq: [&[][..]],
+        });
         IntTile { qa, one }
     }
+}
 
+/// Token `x`'s `cols` activations as the overlay multiplies them ([`ActAt::at`] of each
+/// column, the same f32 values), into `out`. Once per one-token task: from these the
+/// overlay's per-entry work is a load and a multiply-add instead of `at` (two code loads,
+/// the level test, the group's scale). The overlay was 16% of a SmolLM2 `q1t` decode on
+/// AVX2; a masked-gather step per row instead of the entry loop was slower (Zen 2).
+fn dequantize(k: Kernel, x: &QToken, cols: usize, out: &mut Vec<f32>) {
+    out.clear();
+    out.resize(cols, 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if k != Kernel::Scalar {
+        // SAFETY: every level above scalar has AVX2 (`Kernel::detect`).
+        return unsafe { dequantize_avx2(x, out) };
+    }
+    dequantize_body(x, out)
+}
+
+/// [`dequantize`] on AVX2: 8 codes widened, converted and scaled per step (the scalar
+/// loops did not vectorize). The same values: the integer code is exact in f32 and the
+/// product is one rounding, as in [`ActAt::at`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dequantize_avx2(x: &QToken, out: &mut [f32]) {
+    let (outs, _) = out.as_chunks_mut::<STEP>();
+    let (qs, _) = x.q.as_chunks::<STEP>();
+    // A function, not a closure: closures do not inherit AVX2.
     #[inline(always)]
-    fn token(&self, j: usize) -> QToken<'a> {
-        match self.one {
-            Some((j1, x)) if j1 == j => x,
-            _ => self.qa.token(j),
+    unsafe fn bytes8(q: &[i8; STEP], i: usize) -> __m256i {
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(q[8 * i..].as_ptr() as *const __m128i))
+    }
+    let split = x.split();
+    for (g, ((o, q), &d)) in outs.iter_mut().zip(qs).zip(x.d).enumerate() {
+        let d = _mm256_set1_ps(d);
+        for i in 0..STEP / 8 {
+            let mut v = bytes8(q, i);
+            if split {
+                let q2 = &x.q2[g * STEP..(g + 1) * STEP];
+                let q2: &[i8; STEP] = q2.try_into().unwrap();
+                v = _mm256_add_epi32(_mm256_slli_epi32::<SPLIT_SHIFT>(v), bytes8(q2, i));
+            }
+            let f = _mm256_mul_ps(_mm256_cvtepi32_ps(v), d);
+            _mm256_storeu_ps(o[8 * i..].as_mut_ptr(), f);
+        }
+    }
+}
+
+#[inline(always)]
+fn dequantize_body(x: &QToken, out: &mut [f32]) {
+    // Fixed-size groups, so that the loops vectorize.
+    let (outs, _) = out.as_chunks_mut::<STEP>();
+    let (qs, _) = x.q.as_chunks::<STEP>();
+    if x.split() {
+        let (q2s, _) = x.q2.as_chunks::<STEP>();
+        for (((o, q), q2), &d) in outs.iter_mut().zip(qs).zip(q2s).zip(x.d) {
+            for i in 0..STEP {
+                o[i] = ((q[i] as i32) * (1 << SPLIT_SHIFT) + q2[i] as i32) as f32 * d;
+            }
+        }
+    } else {
+        for ((o, q), &d) in outs.iter_mut().zip(qs).zip(x.d) {
+            for i in 0..STEP {
+                o[i] = q[i] as f32 * d;
+            }
         }
     }
 }
@@ -1550,8 +1647,22 @@ impl Tile for IntTile<'_> {
     ) {
         let rs = cx.rows::<R>(o);
         let d = Q1tRows::<R>::new_at(cx.g, cx.bytes, rs);
-        let xs: [QToken; T] = std::array::from_fn(|q| self.token(j + q));
         let mut out = [[0f32; T]; R];
+        if let Some(one) = &self.one {
+            // `T == 1` exactly when the conversions succeed.
+            if let (true, Ok(xs), Ok(xf)) =
+                (one.j == j, one.x[..].try_into(), one.deq[..].try_into())
+            {
+                kernel::run_int::<_, R, T>(cx.k, &d, xs, &mut out);
+                let xf: &[&[f32]; T] = xf;
+                return if xf[0].is_empty() {
+                    cx.finish((o, j), &rs, xs, out, put)
+                } else {
+                    cx.finish((o, j), &rs, xf, out, put)
+                };
+            }
+        }
+        let xs: [QToken; T] = std::array::from_fn(|q| self.qa.token(j + q));
         kernel::run_int::<_, R, T>(cx.k, &d, &xs, &mut out);
         cx.finish((o, j), &rs, &xs, out, put);
     }
