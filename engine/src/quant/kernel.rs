@@ -439,7 +439,7 @@ pub(crate) fn h2f_scalar(bits: u16) -> f32 {
 /// the stack stalled on store forwarding (3–4% of a SmolLM2 `q8_row` decode together).
 /// The conversion is exact either way.
 #[inline(always)]
-pub(crate) fn f16_scales<const R: usize>(bytes: &[u8], at: usize, rs: [usize; R]) -> [f32; R] {
+pub(crate) fn f16_scales<const R: usize>(bytes: &[u8], at: usize, rs: &[usize; R]) -> [f32; R] {
     #[cfg(target_arch = "x86_64")]
     if R == 8 && Kernel::Avx2.is_available() && rs[R - 1] == rs[0] + (R - 1) {
         let from = at + 2 * rs[0];

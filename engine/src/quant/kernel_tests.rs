@@ -963,9 +963,9 @@ fn f16_block_conversion_equals_the_scalar_one() {
                 assert!(same(f, want), "row {r} at {at}");
             }
         };
-        check(&rs, &f16_scales(&bytes, at, rs));
-        check(&shuffled, &f16_scales(&bytes, at, shuffled));
-        check(&three, &f16_scales(&bytes, at, three));
+        check(&rs, &f16_scales(&bytes, at, &rs));
+        check(&shuffled, &f16_scales(&bytes, at, &shuffled));
+        check(&three, &f16_scales(&bytes, at, &three));
     }
 }
 

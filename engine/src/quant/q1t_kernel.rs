@@ -92,7 +92,7 @@ use rayon::prelude::*;
 use super::kernel::{self, h2f_scalar, le16, IntRowsScalar, Kernel, QToken, QuantizedActs};
 use super::kernel::{RowsScalar, SPLIT_SHIFT, STEP};
 // Rows and tokens per register tile, as in `matrix`.
-use super::matrix::{matmul_split, matvec_chunk, Out, BLOCK_ROWS, BLOCK_TOKENS};
+use super::matrix::{consecutive_rows, matmul_split, matvec_chunk, Out, BLOCK_ROWS, BLOCK_TOKENS};
 use super::q1::{validate_q1t, Q1T_ENTRY, Q1T_TILE};
 use super::Geom;
 
@@ -1379,7 +1379,10 @@ impl Q1tProduct<'_> {
     /// Rows `o..o + R` (their payload rows).
     #[inline(always)]
     fn rows<const R: usize>(&self, o: usize) -> [usize; R] {
-        std::array::from_fn(|i| self.row(o + i))
+        match self.sel {
+            None => consecutive_rows(o),
+            Some(s) => std::array::from_fn(|i| s[o + i] as usize),
+        }
     }
 
     /// Row blocks of 4 (then single rows) × token blocks of 4, 2, 1, each through `kern`.

@@ -336,7 +336,7 @@ impl<'a, const R: usize, const COL: bool> Q8Rows<'a, R, COL> {
         // lead). Without it, reading the scales here waited on DRAM once every 32 rows
         // (6% of a SmolLM2 q8_row decode, nearly all of it on that load).
         super::kernel::prefetch_l2(bytes, l.scales + 2 * (rs[0] + 64));
-        let scale = super::kernel::f16_scales(bytes, l.scales, rs);
+        let scale = super::kernel::f16_scales(bytes, l.scales, &rs);
         Q8Rows {
             codes: std::array::from_fn(|i| &bytes[rs[i] * g.cols..(rs[i] + 1) * g.cols]),
             scale,
