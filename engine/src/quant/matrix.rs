@@ -770,10 +770,9 @@ fn matvec_rows(
     ys: &mut [f32],
 ) {
     /// The token, resolved once per task rather than per block of rows (slicing the
-    /// quantized buffers per block was 2% of a SmolLM2 decode).
-    #[derive(Clone, Copy)]
-    /// Arrays of one, handed to the kernels in place: copying the token's slices into a
-    /// new array per block stalled on store forwarding.
+    /// quantized buffers per block was 2% of a SmolLM2 decode), as arrays of one that the
+    /// kernels take in place (copying its slices into a new array per block stalled on
+    /// store forwarding).
     enum Tok<'a> {
         F32([&'a [f32]; 1]),
         Int([QToken<'a>; 1]),

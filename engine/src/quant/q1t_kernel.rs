@@ -1279,7 +1279,7 @@ thread_local! {
     /// product (no parallel call in between), so products never contend for it.
     static DM: RefCell<DmActs> = RefCell::new(DmActs::default());
     /// The calling thread's dequantized token of a one-token product ([`dequantize`]),
-    /// borrowed like [`DM`].
+    /// held by [`matvec`] for its parallel section.
     static DEQ: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -1328,34 +1328,25 @@ impl Q1tProduct<'_> {
         self.sel.map_or(o, |s| s[o] as usize)
     }
 
-    /// Outputs `outs` × tokens `toks`; `put(output, token, value)`.
+    /// Whether quantized activations go to the digit-major kernel.
+    fn uses_dm(&self) -> bool {
+        self.k == Kernel::Avx512 && dm_available()
+    }
+
+    /// Outputs `outs` × tokens `toks`; `put(output, token, value)`. `deq`: the one token's
+    /// [`dequantize`]d activations for the overlay of the integer tiles, or empty.
     fn block<P: FnMut(usize, usize, f32)>(
         &self,
         outs: Range<usize>,
         toks: Range<usize>,
+        deq: &[f32],
         put: &mut P,
     ) {
         self.prefetch_start(&outs);
         match self.acts {
             Q1tActs::F32(x) => self.tiles(&ExactTile(x), outs, toks, put),
-            Q1tActs::Int(qa) if self.k == Kernel::Avx512 && dm_available() => {
-                self.dm(qa, outs, toks, put)
-            }
-            Q1tActs::Int(qa) if toks.len() == 1 => DEQ.with(|cell| {
-                let (j, x) = (toks.start, qa.token(toks.start));
-                let Ok(mut deq) = cell.try_borrow_mut() else {
-                    // Not reached (see `DM`); a surprise costs speed, not a panic.
-                    return self.tiles(&IntTile::new(qa, &toks), outs, toks, put);
-                };
-                dequantize(self.k, &x, self.g.cols, &mut deq);
-                let one = Some(OneToken {
-                    j,
-                    x: [x],
-                    deq: [&deq[..]],
-                });
-                self.tiles(&IntTile { qa, one }, outs, toks, put)
-            }),
-            Q1tActs::Int(qa) => self.tiles(&IntTile::new(qa, &toks), outs, toks, put),
+            Q1tActs::Int(qa) if self.uses_dm() => self.dm(qa, outs, toks, put),
+            Q1tActs::Int(qa) => self.tiles(&IntTile::new(qa, &toks, deq), outs, toks, put),
         }
     }
 
@@ -1479,7 +1470,7 @@ impl Q1tProduct<'_> {
         toks: Range<usize>,
         put: &mut P,
     ) {
-        self.tiles(&IntTile::new(qa, &toks), outs, toks, put)
+        self.tiles(&IntTile::new(qa, &toks, &[]), outs, toks, put)
     }
 }
 
@@ -1563,18 +1554,19 @@ struct OneToken<'a> {
 }
 
 impl<'a> IntTile<'a> {
-    fn new(qa: &'a QuantizedActs, toks: &Range<usize>) -> Self {
+    /// `deq`: the token's [`dequantize`]d activations when `toks` is one token, or empty.
+    fn new(qa: &'a QuantizedActs, toks: &Range<usize>, deq: &'a [f32]) -> Self {
         let one = (toks.len() == 1).then(|| OneToken {
             j: toks.start,
             x: [qa.token(toks.start)],
-            deq: [&[][..]],
+            deq: [deq],
         });
         IntTile { qa, one }
     }
 }
 
 /// Token `x`'s `cols` activations as the overlay multiplies them ([`ActAt::at`] of each
-/// column, the same f32 values), into `out`. Once per one-token task: from these the
+/// column, the same f32 values), into `out`. Once per one-token product: from these the
 /// overlay's per-entry work is a load and a multiply-add instead of `at` (two code loads,
 /// the level test, the group's scale). The overlay was 16% of a SmolLM2 `q1t` decode on
 /// AVX2; a masked-gather step per row instead of the entry loop was slower (Zen 2).
@@ -1618,24 +1610,10 @@ unsafe fn dequantize_avx2(x: &QToken, out: &mut [f32]) {
     }
 }
 
-#[inline(always)]
+/// [`dequantize`] without SIMD: [`ActAt::at`] column by column.
 fn dequantize_body(x: &QToken, out: &mut [f32]) {
-    // Fixed-size groups, so that the loops vectorize.
-    let (outs, _) = out.as_chunks_mut::<STEP>();
-    let (qs, _) = x.q.as_chunks::<STEP>();
-    if x.split() {
-        let (q2s, _) = x.q2.as_chunks::<STEP>();
-        for (((o, q), q2), &d) in outs.iter_mut().zip(qs).zip(q2s).zip(x.d) {
-            for i in 0..STEP {
-                o[i] = ((q[i] as i32) * (1 << SPLIT_SHIFT) + q2[i] as i32) as f32 * d;
-            }
-        }
-    } else {
-        for ((o, q), &d) in outs.iter_mut().zip(qs).zip(x.d) {
-            for i in 0..STEP {
-                o[i] = q[i] as f32 * d;
-            }
-        }
+    for (col, o) in out.iter_mut().enumerate() {
+        *o = x.at(col);
     }
 }
 
@@ -1675,10 +1653,25 @@ impl Tile for IntTile<'_> {
 /// split over the rayon pool as `matrix::matvec` splits them.
 pub(crate) fn matvec(cx: &Q1tProduct, y: &mut [f32]) {
     let chunk = matvec_chunk(y.len(), cx.g.cols);
-    y.par_chunks_mut(chunk).enumerate().for_each(|(c, ys)| {
-        let o0 = c * chunk;
-        cx.block(o0..o0 + ys.len(), 0..1, &mut |o, _, v| ys[o - o0] = v);
-    });
+    let mut run = |deq: &[f32]| {
+        y.par_chunks_mut(chunk).enumerate().for_each(|(c, ys)| {
+            let o0 = c * chunk;
+            cx.block(o0..o0 + ys.len(), 0..1, deq, &mut |o, _, v| ys[o - o0] = v);
+        })
+    };
+    match cx.acts {
+        // The integer tiles' overlay reads the token dequantized, once for every task.
+        Q1tActs::Int(qa) if !cx.uses_dm() => DEQ.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut deq) => {
+                dequantize(cx.k, &qa.token(0), cx.g.cols, &mut deq);
+                run(&deq)
+            }
+            // Another product of this thread holds it (this one started from inside its
+            // parallel section): the overlay computes each activation from its codes.
+            Err(_) => run(&[]),
+        }),
+        _ => run(&[]),
+    }
 }
 
 /// `y[j, o] = Σ_c W[row(o), c]·x[j, c]` for the `t` tokens of `cx`; `y` is `[t, n]`. Tasks
@@ -1695,7 +1688,7 @@ pub(crate) fn matmul(cx: &Q1tProduct, y: &mut [f32]) {
             let toks = j0..(j0 + tok_block).min(t);
             // SAFETY: `j < t` and output `o` belongs to this task only, so entry
             // `j·n + o < y.len()` is written by this task alone.
-            cx.block(outs.clone(), toks, &mut |o, j, v| unsafe {
+            cx.block(outs.clone(), toks, &[], &mut |o, j, v| unsafe {
                 out.write(j * n + o, v)
             });
         }
