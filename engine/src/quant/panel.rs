@@ -620,7 +620,11 @@ fn pack(
 ) {
     let g = m.geom();
     if let (Family::Grouped(kind), true) = (fam, avx2) {
-        dst.fill(0);
+        // A whole panel writes every word its tiles read; a partial one leaves zeros in
+        // the rows past `n`.
+        if n - k0 < PANEL {
+            dst.fill(0);
+        }
         #[cfg(target_arch = "x86_64")]
         for oct in 0..PANEL / 8 {
             let live = n.saturating_sub(k0 + 8 * oct).min(8);
@@ -817,7 +821,8 @@ unsafe fn pack_q4<D: IntRowsSimd>(d: &D, live: usize, half: usize, c4: usize, ds
 /// offset) transposed 8 × 8 words in registers, `Σw` by `vpmaddubsw` against ones.
 ///
 /// # Safety
-/// AVX2; `dst` is one zeroed panel of `c4` words per row (`cols % 32 == 0`).
+/// AVX2; `dst` is one panel of `c4` words per row (`cols % 32 == 0`), zeroed unless all
+/// its 32 rows are live (then every word a tile reads is written here).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn pack_grouped_avx2<D: IntRowsSimd>(
@@ -954,7 +959,8 @@ unsafe fn transpose8(r: &[__m256i; 8]) -> [__m256i; 8] {
 /// of two codes), transposed 8 × 8 words in two halves, then per group and row the scale.
 ///
 /// # Safety
-/// AVX2; `dst` is one zeroed panel of [`panel_len`] words (`cols % 32 == 0`).
+/// AVX2; `dst` is one panel of [`panel_len`] words (`cols % 32 == 0`), zeroed unless all
+/// its 32 rows are live (then every word is written here).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)]
