@@ -784,8 +784,16 @@ mod simd {
             } else {
                 super::NIBBLE_BYTES
             };
-            // One prefetch per 64-byte line: only for the first group starting in it.
-            if (blk * stride) % 64 >= stride {
+            // About one prefetch per 64-byte line. `q4_block`: the first group starting in
+            // it. `q4_tiled`: every other tile (36 bytes apart, so no line is skipped),
+            // which in the paired kernels is a test the compiler drops; the first-tile test
+            // of 18-byte tiles (`blk·18 mod 64 < 18`) was a multiply, a compare and an
+            // irregular branch per row and group.
+            if TILED {
+                if blk % 2 == 1 {
+                    return;
+                }
+            } else if (blk * stride) % 64 >= stride {
                 return;
             }
             let p = self.data[i]
