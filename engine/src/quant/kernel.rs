@@ -1205,7 +1205,11 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
     /// and pulling them into L1 evicted the activations every row reuses (T0 measured
     /// 30–40% slower decode on SmolLM2 and Qwen2.5 at 8 bits). Every layout with an
     /// integer kernel implements it; `vbit`, whose rows differ in length, finds the row
-    /// ahead through its row index.
+    /// ahead through its row index. The kernels call it for every group (the paired ones
+    /// for both groups of a pair); layouts whose groups are under 64 bytes act on even
+    /// groups only (`blk % 2`, a test the paired kernels drop) or on the first group in a
+    /// line where that test is a power-of-two mask (`q4_block`): a per-line test on
+    /// 9- or 18-byte groups cost a multiply and an irregular branch per row and group.
     ///
     /// # Safety
     /// As [`IntRowsSimd::load_u8`] (the address may lie outside the payload: a prefetch

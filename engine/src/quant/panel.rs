@@ -1128,7 +1128,7 @@ unsafe fn panel_tokens_avx2(
         out,
         ..
     } = *job;
-    if matches!(fam, Family::Grouped(g) if g != Grouped::Vbit) {
+    if !int16_panels(fam, true) {
         for j in toks.clone() {
             let c = corr.map(|c| &c[(j - toks.start) * PANEL..]);
             let at = TileAt {
@@ -1138,7 +1138,7 @@ unsafe fn panel_tokens_avx2(
                 n,
                 out,
             };
-            tile_q4_avx2::<1, 4>(panel, c4, u, d, at, c);
+            tile_q4_avx2(panel, c4, u, d, at, c);
         }
         return;
     }
@@ -1375,10 +1375,9 @@ unsafe fn tile_q4<const T: usize>(
     }
 }
 
-/// The AVX2 form of [`tile_q4`]: rows `8·V·half ..` of a `q4` panel (`V` 8-row vectors) ×
-/// `T` tokens from `j0`. It runs with `V = 4, T = 1`, the whole panel one token at a time:
-/// 8 int16 and 4 f32 accumulators, a weight vector and two broadcasts fit the 16
-/// registers. Two vectors × two tokens (the same work per weight load) spilled
+/// The AVX2 form of [`tile_q4`]: one token `j0` against all 32 rows of a `q4` panel (its
+/// four 8-row vectors). 8 int16 and 4 f32 accumulators, a weight vector and two broadcasts
+/// fit the 16 registers. Two vectors × two tokens (the same work per weight load) spilled
 /// accumulators to the stack in the inner loop and ran slower: Qwen2.5-Coder-0.5B
 /// `q4_block`, 256-token prefill on Zen 2, 131–135 tok/s against 152–156; one token × two
 /// vectors 143–147. AVX2 has no `vpdpbusd`: `vpmaddubsw` multiplies the unsigned
@@ -1389,11 +1388,10 @@ unsafe fn tile_q4<const T: usize>(
 /// group's scale, in the same order: the values equal [`tile_q4`]'s bit for bit.
 ///
 /// # Safety
-/// AVX2 + FMA; otherwise as [`tile_q4`].
+/// AVX2 + FMA; otherwise as [`tile_q4`], with `at.half == 0`.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn tile_q4_avx2<const T: usize, const V: usize>(
+unsafe fn tile_q4_avx2(
     panel: &[u32],
     c4: usize,
     u: &[u32],
@@ -1401,46 +1399,39 @@ unsafe fn tile_q4_avx2<const T: usize, const V: usize>(
     at: TileAt,
     overlay: Option<&[f32]>,
 ) {
-    let TileAt { j0, half, .. } = at;
+    const V: usize = PANEL / 8;
+    debug_assert_eq!(at.half, 0);
     let rows = at.rows_of(V);
     if rows == 0 {
         return;
     }
     let groups = c4 / 8;
-    let w = panel.as_ptr().add(8 * V * half);
-    let corr = panel
-        .as_ptr()
-        .add(c4.next_multiple_of(16) * PANEL + 8 * V * half);
+    let w = panel.as_ptr();
+    let corr = panel.as_ptr().add(c4.next_multiple_of(16) * PANEL);
     let scales = corr.add(groups * PANEL) as *const f32;
-    let up: [*const u32; T] = std::array::from_fn(|q| u.as_ptr().add((j0 + q) * 2 * c4));
+    let up = u.as_ptr().add(at.j0 * 2 * c4);
     let ones = _mm256_set1_epi16(1);
-    let mut acc = [[_mm256_setzero_ps(); T]; V];
+    let mut acc = [[_mm256_setzero_ps(); 1]; V];
     for g in 0..groups {
-        let mut a = [[_mm256_setzero_si256(); T]; V];
-        let mut b = [[_mm256_setzero_si256(); T]; V];
+        let mut a = [_mm256_setzero_si256(); V];
+        let mut b = [_mm256_setzero_si256(); V];
         for c in 8 * g..8 * g + 8 {
-            let hi: [__m256i; T] =
-                std::array::from_fn(|q| _mm256_set1_epi32(*up[q].add(2 * c) as i32));
-            let lo: [__m256i; T] =
-                std::array::from_fn(|q| _mm256_set1_epi32(*up[q].add(2 * c + 1) as i32));
-            for v in 0..V {
+            let hi = _mm256_set1_epi32(*up.add(2 * c) as i32);
+            let lo = _mm256_set1_epi32(*up.add(2 * c + 1) as i32);
+            for (v, (a, b)) in a.iter_mut().zip(&mut b).enumerate() {
                 let wv = _mm256_loadu_si256(w.add(c * PANEL + 8 * v) as *const _);
-                for q in 0..T {
-                    a[v][q] = _mm256_add_epi16(a[v][q], _mm256_maddubs_epi16(hi[q], wv));
-                    b[v][q] = _mm256_add_epi16(b[v][q], _mm256_maddubs_epi16(lo[q], wv));
-                }
+                *a = _mm256_add_epi16(*a, _mm256_maddubs_epi16(hi, wv));
+                *b = _mm256_add_epi16(*b, _mm256_maddubs_epi16(lo, wv));
             }
         }
-        for v in 0..V {
+        for (v, acc) in acc.iter_mut().enumerate() {
             // The stored offset is `−32896·Σw`.
             let cv = _mm256_loadu_si256(corr.add(g * PANEL + 8 * v) as *const _);
             let sv = _mm256_loadu_ps(scales.add(g * PANEL + 8 * v));
-            for q in 0..T {
-                let hi = _mm256_madd_epi16(a[v][q], ones);
-                let lo = _mm256_add_epi32(_mm256_madd_epi16(b[v][q], ones), cv);
-                let dot = _mm256_add_epi32(_mm256_slli_epi32::<8>(hi), lo);
-                acc[v][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sv, acc[v][q]);
-            }
+            let hi = _mm256_madd_epi16(a[v], ones);
+            let lo = _mm256_add_epi32(_mm256_madd_epi16(b[v], ones), cv);
+            let dot = _mm256_add_epi32(_mm256_slli_epi32::<8>(hi), lo);
+            acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sv, acc[0]);
         }
     }
     store_tile_avx2(&acc, d, at, overlay, rows);

@@ -447,17 +447,9 @@ mod simd {
     }
 
     impl<const R: usize> RowsAvx2 for Q1tRows<'_, R> {
-        /// Rows are contiguous: row `i` two blocks on is `2·R` rows further (as `q4`).
         #[inline(always)]
         unsafe fn prefetch_next_f(&self, i: usize, blk: usize) {
-            if (blk * Q1T_TILE) % 64 >= Q1T_TILE {
-                return;
-            }
-            let row = self.tiles[i].len() - SLACK;
-            let p = self.tiles[i]
-                .as_ptr()
-                .wrapping_add(blk * Q1T_TILE + 2 * R * row);
-            _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
+            self.prefetch_ahead(i, blk)
         }
 
         #[inline(always)]
@@ -515,11 +507,23 @@ mod simd {
             h2f(le16(self.tile(i, blk), 0))
         }
 
-        /// Row `i` two blocks on, `2·R` rows further (rows are contiguous within a task),
-        /// once per pair of tiles: 18 bytes apart, no line is skipped, and in the paired
-        /// kernel the test is dropped at compile time.
         #[inline(always)]
         unsafe fn prefetch_next(&self, i: usize, blk: usize) {
+            self.prefetch_ahead(i, blk)
+        }
+    }
+
+    impl<const R: usize> Q1tRows<'_, R> {
+        /// Both kernels' prefetch: row `i` two blocks on is `2·R` rows further (rows are
+        /// contiguous within a task), asked for once per pair of tiles. Pairs are 18 bytes
+        /// apart, so no line is skipped, and the paired kernels drop the test at compile
+        /// time; a test for the first tile in each line (`blk·9 mod 64 < 9`) is a
+        /// multiply, a compare and an irregular branch per row and group.
+        ///
+        /// # Safety
+        /// AVX2 (a prefetch never faults); `i < R`.
+        #[inline(always)]
+        unsafe fn prefetch_ahead(&self, i: usize, blk: usize) {
             if blk % 2 == 1 {
                 return;
             }
