@@ -1226,6 +1226,36 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
         self.group_scale(i, blk)
     }
 
+    /// The rows are `q4` nibbles (16 bytes a group, byte `j` holding codes `j` and
+    /// `j + 16` offset by 8): [`IntRowsSimd::nibble_pair`] is implemented, and AVX2 decode
+    /// runs [`nibble_pairs_avx2`].
+    const NIBBLE_PAIRS: bool = false;
+
+    /// The 16 nibble bytes of group `blk` of row `i` in the low 128 bits, those of group
+    /// `blk + 1` in the high 128 bits. Only for [`IntRowsSimd::NIBBLE_PAIRS`] layouts.
+    ///
+    /// # Safety
+    /// As [`IntRowsSimd::scale_pair_256`].
+    #[inline(always)]
+    unsafe fn nibble_pair(&self, _i: usize, _blk: usize) -> __m256i {
+        unreachable!("nibble_pair of a layout without NIBBLE_PAIRS")
+    }
+
+    /// The scales of groups `blk .. blk + 4` of row `i`. Layouts that store them side by
+    /// side override it with one load and one conversion.
+    ///
+    /// # Safety
+    /// As [`IntRowsSimd::load_u8`], with `blk + 3 < cols / 32`.
+    #[inline(always)]
+    unsafe fn scale_quad(&self, i: usize, blk: usize) -> __m128 {
+        _mm_setr_ps(
+            self.group_scale_simd(i, blk),
+            self.group_scale_simd(i, blk + 1),
+            self.group_scale_simd(i, blk + 2),
+            self.group_scale_simd(i, blk + 3),
+        )
+    }
+
     /// Groups `blk` and `blk + 1` of row `i` as [`IntRowsSimd::load_u8`] gives them, in the
     /// low and the high 256 bits. Layouts that store the two side by side override it with
     /// one load (decode is bound by these instructions, not by memory, at 4 bits).
@@ -1356,7 +1386,13 @@ pub(crate) fn run_int<D: IntRows, const R: usize, const T: usize>(
                 && D::GROUP_SCALES
                 && D::CODE_OFFSET <= 8
                 && xs.iter().all(|x| x.k.len() == groups * STEP) =>
-        unsafe { int16_avx2_target::<D, R, T>(d, xs, out) },
+        unsafe {
+            if D::NIBBLE_PAIRS {
+                nibble_pairs_avx2::<D, R, T>(d, xs, out)
+            } else {
+                int16_avx2_target::<D, R, T>(d, xs, out)
+            }
+        },
         // SAFETY: AVX2/FMA/F16C are present (checked in the guard; `Avx512` implies them).
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512 | Kernel::Avx2 if Kernel::Avx2.is_available() => unsafe {
@@ -1609,6 +1645,160 @@ unsafe fn int16_avx2_target<D: IntRowsSimd, const R: usize, const T: usize>(
         int16_step::<D, R, T>(d, xs, full, &w, &mut acc);
     }
     int_sums::<D, R, T, true>(d, xs, &acc, out);
+}
+
+/// [`int16_avx2_target`] for `q4` nibble rows ([`IntRowsSimd::NIBBLE_PAIRS`]), with a
+/// pair of groups in each vector: decode at 4 bits was bound by instructions, not memory
+/// (a cache-warm 2048×2048 product streamed 10 GiB/s per core on Zen 2, under the DRAM's
+/// share), and the one-group-per-vector kernel spent a conversion, an FMA and two scale
+/// broadcasts per group, plus its row overhead.
+///
+/// A pair's 32 nibble bytes (group `g` in 128-bit lane `g`) unpack to words with zero,
+/// which keeps the lanes: words `[g₀ bytes 0–7 | g₁ bytes 0–7]` and `[g₀ 8–15 | g₁ 8–15]`,
+/// each masked (codes `j`) and shifted (codes `j + 16`) ([`nibble_words`]). The tokens'
+/// int16 codes are permuted to match once per pair and block of rows
+/// ([`pair_token_i16`]), so each `vpmaddwd` serves both groups: lanes 0–3 hold group
+/// `blk`'s products and lanes 4–7 group `blk + 1`'s, one conversion and one FMA against
+/// `[s₀ ×4 | s₁ ×4]` finish the pair, and a row's four scales come from one load. A lane
+/// sums eight products `(u − 8)·k`: |·| ≤ 8·8·32639 < 2²⁴, exact in f32 as in
+/// [`int16_avx2_target`]. Each (row, token) pair sees the same operations whatever `R`
+/// and `T`, so short products (under [`super::panel`]'s `q4` minimum) equal their
+/// matrix-vector products bit for bit.
+///
+/// # Safety
+/// As [`int16_avx2_target`], and `D::NIBBLE_PAIRS`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibble_pairs_avx2<D: IntRowsSimd, const R: usize, const T: usize>(
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+) {
+    debug_assert!(D::NIBBLE_PAIRS && D::CODE_OFFSET == 8);
+    debug_assert_eq!(d.cols() % STEP, 0, "q4 rows are whole groups");
+    let full = d.cols() / STEP;
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    // Four groups per row and step: 64 nibble bytes (one line) and one load of scales.
+    let quads = full / 4;
+    let (lo_pair, hi_pair) = (
+        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+        _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+    );
+    for quad in 0..quads {
+        let blk = 4 * quad;
+        let mut tok = [[[_mm256_setzero_si256(); 5]; 2]; T];
+        for (t, x) in tok.iter_mut().zip(xs) {
+            *t = [pair_token_i16(x, blk), pair_token_i16(x, blk + 2)];
+        }
+        for (i, acc) in acc.iter_mut().enumerate() {
+            if T == 1 {
+                d.prefetch_next(i, blk);
+                d.prefetch_next(i, blk + 2);
+            }
+            let s = _mm256_castps128_ps256(d.scale_quad(i, blk));
+            let s = [
+                _mm256_permutevar8x32_ps(s, lo_pair),
+                _mm256_permutevar8x32_ps(s, hi_pair),
+            ];
+            let w = [
+                nibble_words(d.nibble_pair(i, blk)),
+                nibble_words(d.nibble_pair(i, blk + 2)),
+            ];
+            for (a, t) in acc.iter_mut().zip(&tok) {
+                for h in 0..2 {
+                    let dot = pair_dot(&w[h], &t[h]);
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s[h], *a);
+                }
+            }
+        }
+    }
+    let mut blk = 4 * quads;
+    if blk + 2 <= full {
+        let mut tok = [[_mm256_setzero_si256(); 5]; T];
+        for (t, x) in tok.iter_mut().zip(xs) {
+            *t = pair_token_i16(x, blk);
+        }
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let [s0, s1] = d.scale_pair_256(i, blk);
+            let s = _mm256_blend_ps::<0xF0>(s0, s1);
+            let w = nibble_words(d.nibble_pair(i, blk));
+            for (a, t) in acc.iter_mut().zip(&tok) {
+                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_dot(&w, t)), s, *a);
+            }
+        }
+        blk += 2;
+    }
+    if blk < full {
+        let mut w = [[_mm256_setzero_si256(); 2]; R];
+        for (i, w) in w.iter_mut().enumerate() {
+            *w = d.load_i16(i, blk);
+        }
+        int16_step::<D, R, T>(d, xs, blk, &w, &mut acc);
+    }
+    int_sums::<D, R, T, true>(d, xs, &acc, out);
+}
+
+/// Groups `blk` and `blk + 1` of token `x` for [`pair_dot`]: its int16 codes in the
+/// order of [`nibble_words`] (codes 0–7, 16–23, 8–15, 24–31, each with group `blk`'s in
+/// the low 128 bits and group `blk + 1`'s in the high), and the `−8·Σ k` lanes the dot
+/// starts from (lanes 0–3 group `blk`, 4–7 group `blk + 1`).
+///
+/// # Safety
+/// AVX2; `x.k` holds groups `blk` and `blk + 1`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn pair_token_i16(x: &QToken, blk: usize) -> [__m256i; 5] {
+    let at = x.k.as_ptr().add(blk * STEP);
+    let load = |o: usize| _mm256_loadu_si256(at.add(o) as *const __m256i);
+    let (a0, b0, a1, b1) = (load(0), load(16), load(STEP), load(STEP + 16));
+    let k = [
+        _mm256_permute2x128_si256::<0x20>(a0, a1),
+        _mm256_permute2x128_si256::<0x20>(b0, b1),
+        _mm256_permute2x128_si256::<0x31>(a0, a1),
+        _mm256_permute2x128_si256::<0x31>(b0, b1),
+    ];
+    let o = _mm256_set1_epi16(-8);
+    let start = _mm256_add_epi32(
+        _mm256_add_epi32(_mm256_madd_epi16(k[0], o), _mm256_madd_epi16(k[1], o)),
+        _mm256_add_epi32(_mm256_madd_epi16(k[2], o), _mm256_madd_epi16(k[3], o)),
+    );
+    [k[0], k[1], k[2], k[3], start]
+}
+
+/// A pair of groups' nibble bytes ([`IntRowsSimd::nibble_pair`]) as four vectors of
+/// int16 codes `u = c + 8`: codes 0–7, 16–23, 8–15 and 24–31, group `blk`'s in the low
+/// 128 bits and group `blk + 1`'s in the high.
+///
+/// # Safety
+/// AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn nibble_words(raw: __m256i) -> [__m256i; 4] {
+    let zero = _mm256_setzero_si256();
+    let mask = _mm256_set1_epi16(0x0F);
+    let (lo, hi) = (
+        _mm256_unpacklo_epi8(raw, zero),
+        _mm256_unpackhi_epi8(raw, zero),
+    );
+    [
+        _mm256_and_si256(lo, mask),
+        _mm256_srli_epi16::<4>(lo),
+        _mm256_and_si256(hi, mask),
+        _mm256_srli_epi16::<4>(hi),
+    ]
+}
+
+/// The exact integer `Σ c·k` of a pair of groups ([`nibble_words`] `w` against
+/// [`pair_token_i16`] `t`): group `blk`'s in lanes 0–3, group `blk + 1`'s in 4–7.
+///
+/// # Safety
+/// AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn pair_dot(w: &[__m256i; 4], t: &[__m256i; 5]) -> __m256i {
+    let p = _mm256_add_epi32(_mm256_madd_epi16(w[0], t[0]), _mm256_madd_epi16(w[1], t[1]));
+    let q = _mm256_add_epi32(_mm256_madd_epi16(w[2], t[2]), _mm256_madd_epi16(w[3], t[3]));
+    _mm256_add_epi32(_mm256_add_epi32(p, q), t[4])
 }
 
 /// One group of [`int16_avx2_target`]: the int16 codes `w` of the `R` rows against the

@@ -542,7 +542,13 @@ fn int_simd_agrees_with_int_scalar_and_matmul_is_t_matvecs() {
 
 fn int_simd_agrees_with_int_scalar(p: Precision) {
     for dtype in FAST {
-        for shape in [vec![13u64, 96], vec![6, 2080], vec![5, 33]] {
+        for shape in [
+            vec![13u64, 96],
+            vec![6, 2080],
+            vec![5, 33],
+            vec![9, 224],
+            vec![11, 128],
+        ] {
             if dtype.requires_cols_multiple_of_group() && shape[1] % 32 != 0 {
                 continue;
             }

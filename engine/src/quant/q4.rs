@@ -590,23 +590,41 @@ impl<'a, const R: usize> Q4tpRows<'a, R> {
         rows
     }
 
-    /// The scales of groups `blk` and `blk + 1` of row `i`: both 5-bit codes from one
-    /// read of the (at most three) bytes that hold them.
+    /// The 5-bit scale codes of row `i` from group `blk`'s on, in the low bits: at least
+    /// 20 (four groups' when `blk` is a multiple of 4, whose codes start at bit 0 or 4 of
+    /// a byte; two groups' otherwise), zero past the row's codes.
     #[inline(always)]
-    fn pair_scales(&self, i: usize, blk: usize) -> [f32; 2] {
+    fn code_bits(&self, i: usize, blk: usize) -> u32 {
         let c = self.codes[i];
         let (p, at) = (5 * blk, 5 * blk / 8);
         // One 4-byte read where the row's codes go on that far (all but its last groups;
         // a bounds check per byte was a fifth of a cache-warm product), else byte by byte.
-        let w = match c.get(at..at + 4) {
+        (match c.get(at..at + 4) {
             Some(four) => u32::from_le_bytes([four[0], four[1], four[2], four[3]]),
             None => {
                 let b = |k: usize| c.get(at + k).copied().unwrap_or(0) as u32;
                 b(0) | b(1) << 8 | b(2) << 16
             }
-        } >> (p % 8);
+        }) >> (p % 8)
+    }
+
+    /// The scales of groups `blk` and `blk + 1` of row `i`: both 5-bit codes from one
+    /// read of the (at most three) bytes that hold them.
+    #[inline(always)]
+    fn pair_scales(&self, i: usize, blk: usize) -> [f32; 2] {
+        let w = self.code_bits(i, blk);
         let t = &self.ladder;
         [t[w as usize & 31][i], t[(w >> 5) as usize & 31][i]]
+    }
+
+    /// The scales of groups `blk .. blk + 4` of row `i` (`blk` a multiple of 4): one read.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn quad_scales(&self, i: usize, blk: usize) -> [f32; 4] {
+        debug_assert_eq!(blk % 4, 0);
+        let w = self.code_bits(i, blk);
+        let t = &self.ladder;
+        std::array::from_fn(|k| t[(w >> (5 * k)) as usize & 31][i])
     }
 
     /// Nibble bytes and scale of group `blk` of row `i`.
@@ -846,6 +864,37 @@ mod simd {
                 _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two), _mm256_set1_epi32(1)),
             ]
         }
+
+        const NIBBLE_PAIRS: bool = true;
+
+        /// `q4_block`: the two groups' 32 contiguous bytes, one load; `q4_tiled`: the 16
+        /// nibble bytes of each tile, two.
+        #[inline(always)]
+        unsafe fn nibble_pair(&self, i: usize, blk: usize) -> __m256i {
+            // In bounds: groups `blk` and `blk + 1` of row `i` (the caller's contract).
+            let g0 = self.group_unchecked(i, blk).0;
+            if TILED {
+                let g1 = self.group_unchecked(i, blk + 1).0;
+                return _mm256_loadu2_m128i(g1 as *const __m128i, g0 as *const __m128i);
+            }
+            _mm256_loadu_si256(g0 as *const __m256i)
+        }
+
+        /// `q4_block`: the four scales are 8 contiguous bytes, one load and one
+        /// conversion; `q4_tiled`: two pairs of tile words, joined, one conversion.
+        #[inline(always)]
+        unsafe fn scale_quad(&self, i: usize, blk: usize) -> __m128 {
+            if TILED {
+                let (a, b) = (
+                    self.scale_pair_bits(i, blk),
+                    self.scale_pair_bits(i, blk + 2),
+                );
+                return _mm_cvtph_ps(_mm_setr_epi32(a, b, 0, 0));
+            }
+            // In bounds: scales `blk .. blk + 4` of row `i` (the caller's contract).
+            let p = self.scales.get_unchecked(i).as_ptr().add(2 * blk);
+            _mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i))
+        }
     }
 
     impl<const R: usize, const TILED: bool> Q4Rows<'_, R, TILED> {
@@ -894,6 +943,24 @@ mod simd {
         unsafe fn scale_pair_256(&self, i: usize, blk: usize) -> [__m256; 2] {
             let [s0, s1] = Q4tpRows::pair_scales(self, i, blk);
             [_mm256_set1_ps(s0), _mm256_set1_ps(s1)]
+        }
+
+        const NIBBLE_PAIRS: bool = true;
+
+        /// The nibble plane holds a row's groups side by side: one load.
+        #[inline(always)]
+        unsafe fn nibble_pair(&self, i: usize, blk: usize) -> __m256i {
+            let at = blk * super::NIBBLE_BYTES;
+            // In bounds: groups `blk` and `blk + 1` of row `i` (the caller's contract).
+            let p = self.nib.get_unchecked(i).as_ptr().add(at);
+            _mm256_loadu_si256(p as *const __m256i)
+        }
+
+        /// All four rungs from one read of the codes ([`Q4tpRows::quad_scales`]).
+        #[inline(always)]
+        unsafe fn scale_quad(&self, i: usize, blk: usize) -> __m128 {
+            let [a, b, c, d] = Q4tpRows::quad_scales(self, i, blk);
+            _mm_setr_ps(a, b, c, d)
         }
 
         #[inline(always)]
