@@ -1206,7 +1206,8 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
     /// 30–40% slower decode on SmolLM2 and Qwen2.5 at 8 bits). Every layout with an
     /// integer kernel implements it; `vbit`, whose rows differ in length, finds the row
     /// ahead through its row index. The kernels call it for every group (the paired ones
-    /// for both groups of a pair); layouts whose groups are under 64 bytes act on even
+    /// for both groups of a pair; [`nibble_pairs_avx2`] for the first and third of each
+    /// four, 64 `q4` nibble bytes); layouts whose groups are under 64 bytes act on even
     /// groups only (`blk % 2`, a test the paired kernels drop) or on the first group in a
     /// line where that test is a power-of-two mask (`q4_block`): a per-line test on
     /// 9- or 18-byte groups cost a multiply and an irregular branch per row and group.
@@ -1227,8 +1228,9 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
     }
 
     /// The rows are `q4` nibbles (16 bytes a group, byte `j` holding codes `j` and
-    /// `j + 16` offset by 8): [`IntRowsSimd::nibble_pair`] is implemented, and AVX2 decode
-    /// runs [`nibble_pairs_avx2`].
+    /// `j + 16` offset by 8): [`IntRowsSimd::nibble_pair`] is implemented, and the int16
+    /// products (AVX2, or AVX-512 without VNNI) run [`nibble_pairs_avx2`] instead of
+    /// [`int16_avx2_target`].
     const NIBBLE_PAIRS: bool = false;
 
     /// The 16 nibble bytes of group `blk` of row `i` in the low 128 bits, those of group
@@ -1587,7 +1589,8 @@ unsafe fn int_sums<D: IntRowsSimd, const R: usize, const T: usize, const SPLIT: 
 /// integer `Σ c·k = 256·Σ c·q + Σ c·q₂` is the one [`int_step`] forms from both byte
 /// levels (two `vpmaddubsw`, two `vpmaddwd`, a shift), here in two multiplies: the
 /// multiplier ports bound this loop in decode (AVX2 `q4_block` decode ran at a third of
-/// the DRAM bandwidth on one core). Offset codes (`q4`: `u = c + 8`) start from
+/// the DRAM bandwidth on one core; `q4` rows now run [`nibble_pairs_avx2`], which shares
+/// [`int16_step`] for an odd last group). Offset codes (`q4`: `u = c + 8`) start from
 /// `−8·Σ k`, two more `vpmaddwd` per token and group, shared by the `R` rows. A lane sums
 /// four products: |c·k| ≤ 128·32639, so lanes stay below 2²⁴ and convert to f32
 /// exactly; each (row, token) pair sees the same operations whatever `R` and `T`.
@@ -1696,19 +1699,10 @@ unsafe fn nibble_pairs_avx2<D: IntRowsSimd, const R: usize, const T: usize>(
                 d.prefetch_next(i, blk + 2);
             }
             let s = _mm256_castps128_ps256(d.scale_quad(i, blk));
-            let s = [
-                _mm256_permutevar8x32_ps(s, lo_pair),
-                _mm256_permutevar8x32_ps(s, hi_pair),
-            ];
-            let w = [
-                nibble_words(d.nibble_pair(i, blk)),
-                nibble_words(d.nibble_pair(i, blk + 2)),
-            ];
-            for (a, t) in acc.iter_mut().zip(&tok) {
-                for h in 0..2 {
-                    let dot = pair_dot(&w[h], &t[h]);
-                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s[h], *a);
-                }
+            for (h, idx) in [lo_pair, hi_pair].into_iter().enumerate() {
+                let s = _mm256_permutevar8x32_ps(s, idx);
+                let t = std::array::from_fn(|j| tok[j][h]);
+                pair_step(d, i, blk + 2 * h, s, &t, acc);
             }
         }
     }
@@ -1720,11 +1714,7 @@ unsafe fn nibble_pairs_avx2<D: IntRowsSimd, const R: usize, const T: usize>(
         }
         for (i, acc) in acc.iter_mut().enumerate() {
             let [s0, s1] = d.scale_pair_256(i, blk);
-            let s = _mm256_blend_ps::<0xF0>(s0, s1);
-            let w = nibble_words(d.nibble_pair(i, blk));
-            for (a, t) in acc.iter_mut().zip(&tok) {
-                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_dot(&w, t)), s, *a);
-            }
+            pair_step(d, i, blk, _mm256_blend_ps::<0xF0>(s0, s1), &tok, acc);
         }
         blk += 2;
     }
@@ -1736,6 +1726,27 @@ unsafe fn nibble_pairs_avx2<D: IntRowsSimd, const R: usize, const T: usize>(
         int16_step::<D, R, T>(d, xs, blk, &w, &mut acc);
     }
     int_sums::<D, R, T, true>(d, xs, &acc, out);
+}
+
+/// One pair of groups of [`nibble_pairs_avx2`]: groups `blk` and `blk + 1` of row `i`,
+/// scaled by `s` (`[s₀ ×4 | s₁ ×4]`), against the `T` tokens' [`pair_token_i16`].
+///
+/// # Safety
+/// As [`nibble_pairs_avx2`], with `blk + 1 < cols / 32`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn pair_step<D: IntRowsSimd, const T: usize>(
+    d: &D,
+    i: usize,
+    blk: usize,
+    s: __m256,
+    tok: &[[__m256i; 5]; T],
+    acc: &mut [__m256; T],
+) {
+    let w = nibble_words(d.nibble_pair(i, blk));
+    for (a, t) in acc.iter_mut().zip(tok) {
+        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair_dot(&w, t)), s, *a);
+    }
 }
 
 /// Groups `blk` and `blk + 1` of token `x` for [`pair_dot`]: its int16 codes in the
