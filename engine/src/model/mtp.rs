@@ -94,7 +94,9 @@ impl MtpHead {
         state: &mut ModelState,
         s: &mut MtpScratch,
     ) -> Result<(), ModelError> {
-        crate::exec::pool().install(|| self.forward_in_pool(model, next, hidden, state, s))
+        crate::exec::pool().install(|| {
+            crate::exec::spinning(|| self.forward_in_pool(model, next, hidden, state, s))
+        })
     }
 
     fn forward_in_pool(
