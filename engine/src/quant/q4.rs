@@ -396,6 +396,47 @@ mod tests {
         assert_eq!(d.len(), 40);
     }
 
+    /// Every row block's ladders, built side by side, equal §3.2's iterative ladder of
+    /// each row, bit for bit (for blocks of 8, 16 and 1 rows, any rows).
+    #[test]
+    fn q4tp_block_ladders_are_the_rows_ladders() {
+        let (rows, cols) = (19usize, 96usize);
+        let v: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * (1.0 + (i / cols) as f32 * 0.7))
+            .collect();
+        let shape = [rows as u64, cols as u64];
+        let b = encode(DType::Q4tp, &shape, &v, &EncodeOptions::default()).unwrap();
+        let g = crate::quant::geometry(DType::Q4tp, &shape).unwrap();
+        let l = Q4tpLayout::new(g);
+        let want = |r: usize| {
+            let p = |k: usize| {
+                f16::from_le_bytes([b[l.params + 4 * r + k], b[l.params + 4 * r + k + 1]])
+            };
+            ladder(p(0), p(2))
+        };
+        fn check<const R: usize>(
+            rows: &Q4tpRows<'_, R>,
+            rs: [usize; R],
+            want: &dyn Fn(usize) -> [f32; LADDER],
+        ) {
+            for (i, &r) in rs.iter().enumerate() {
+                let t = want(r);
+                for c in 0..LADDER {
+                    assert_eq!(
+                        rows.ladder[c][i].to_bits(),
+                        t[c].to_bits(),
+                        "R={R} row {r} rung {c}"
+                    );
+                }
+            }
+        }
+        let rs8 = [1, 2, 3, 5, 8, 13, 17, 18];
+        check(&Q4tpRows::<8>::new_at(g, &b, rs8), rs8, &want);
+        let rs16: [usize; 16] = std::array::from_fn(|i| i + 3);
+        check(&Q4tpRows::<16>::new_at(g, &b, rs16), rs16, &want);
+        check(&Q4tpRows::<1>::new_at(g, &b, [7]), [7], &want);
+    }
+
     #[test]
     fn q4tp_codes_straddle_bytes() {
         let mut codes = [0u8; 5]; // 8 codes × 5 bits
