@@ -421,12 +421,8 @@ mod tests {
         ) {
             for (i, &r) in rs.iter().enumerate() {
                 let t = want(r);
-                for c in 0..LADDER {
-                    assert_eq!(
-                        rows.ladder[c][i].to_bits(),
-                        t[c].to_bits(),
-                        "R={R} row {r} rung {c}"
-                    );
+                for (c, (rung, want)) in rows.ladder.iter().zip(t).enumerate() {
+                    assert_eq!(rung[i].to_bits(), want.to_bits(), "R={R} row {r} rung {c}");
                 }
             }
         }
