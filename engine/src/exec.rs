@@ -1,8 +1,8 @@
 //! The engine's thread pool, at the bottom of the engine (quant, model and runtime use
-//! it). A forward pass runs *inside* it (`pool().install`), so the
-//! hundreds of parallel products of one token are started from a pool worker: no
-//! cross-thread injection and no sleep/wake of the calling thread per product, which
-//! costs more than a small product itself.
+//! it). A forward pass runs *inside* it ([`step`]), so the hundreds of parallel products
+//! of one token are started from a pool worker, with the other workers polling for them:
+//! no cross-thread injection and no sleep/wake per product, which costs more than a
+//! small product itself.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
@@ -41,6 +41,13 @@ pub fn pool() -> &'static rayon::ThreadPool {
 /// Set while a [`spinning`] section runs, so that a nested one runs plainly.
 static SPINNING: AtomicBool = AtomicBool::new(false);
 
+/// Runs one inference step `f` (a forward pass, or a generation step with its sampling
+/// and drafts) inside the engine's pool, in a [`spinning`] section: the one entry point
+/// of the model and the session into the pool.
+pub fn step<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    pool().install(|| spinning(f))
+}
+
 /// Runs `f` on the calling pool worker while the pool's other workers poll for its
 /// parallel work instead of sleeping between products. A decode step is hundreds of
 /// products of a few microseconds each; an idle rayon worker spins with `sched_yield`
@@ -50,14 +57,14 @@ static SPINNING: AtomicBool = AtomicBool::new(false);
 /// `rayon::yield_now` (which steals and runs pending work, broadcasts included, without
 /// any system call) until `f` returns. A spinner that lands on the caller's own thread
 /// (its deque is popped while it waits) returns at once, so nothing waits for itself.
-/// Outside the pool, with one thread, with more threads than cores (spinning would take
+/// Outside a pool, with one thread, with more threads than cores (spinning would take
 /// cores from the workers) or inside another such section, it is just `f()`.
 ///
 /// Measured there, interleaved with the build before it (3 rounds): Qwen2.5-Coder-0.5B
 /// `q4_block` 64-token prefill 695–724 → 726–797 tok/s, 512-token 719–739 → 729–749;
 /// decode within the noise (SmolLM2 `q4_block` 315–371 → 311–342, `q8_row` 205–225 →
 /// 220–240).
-pub fn spinning<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+fn spinning<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let Some(me) = rayon::current_thread_index() else {
         return f();
     };
@@ -74,7 +81,7 @@ pub fn spinning<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         }
     }
     let done = AtomicBool::new(false);
-    let spin = |_: ()| {
+    let spin = || {
         if rayon::current_thread_index() == Some(me) {
             return;
         }
@@ -85,15 +92,13 @@ pub fn spinning<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         }
     };
     // `join`'s second half waits on the caller's deque without a heap allocation (a
-    // scope's spawn allocates one per token); a chain of joins gives each other worker
-    // a spinner to steal.
-    fn spinners(k: usize, spin: &(impl Fn(()) + Sync)) {
-        match k {
-            0 => {}
-            1 => spin(()),
-            _ => {
-                rayon::join(|| spin(()), || spinners(k - 1, spin));
-            }
+    // scope's spawn allocates one per token); a chain of `k` joins gives each of the
+    // other workers a spinner to steal.
+    fn spinners(k: usize, spin: &(impl Fn() + Sync)) {
+        if k > 1 {
+            rayon::join(spin, || spinners(k - 1, spin));
+        } else {
+            spin()
         }
     }
     rayon::join(
@@ -107,7 +112,7 @@ pub fn spinning<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 }
 
 /// Cores this process may run on (1 when unknown).
-fn cores() -> usize {
+pub fn cores() -> usize {
     static CORES: OnceLock<usize> = OnceLock::new();
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }

@@ -136,7 +136,7 @@ fn bandwidth(a: &Args) -> CmdResult {
     let threads = match a.model.threads {
         Some(0) => return Err(CliError::usage("--threads must be at least 1")),
         Some(n) => n,
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        None => cortiq_engine::exec::cores(),
     };
     if a.bandwidth_mib == 0 {
         return Err(CliError::usage("--bandwidth-mib must be at least 1"));

@@ -546,9 +546,7 @@ impl Model {
         logits: Logits,
         hidden: Option<&mut Vec<f32>>,
     ) -> Result<(), ModelError> {
-        crate::exec::pool().install(|| {
-            crate::exec::spinning(|| self.forward_in_pool(tokens, cache, ws, logits, hidden))
-        })
+        crate::exec::step(|| self.forward_in_pool(tokens, cache, ws, logits, hidden))
     }
 
     fn forward_in_pool(

@@ -94,9 +94,7 @@ impl MtpHead {
         state: &mut ModelState,
         s: &mut MtpScratch,
     ) -> Result<(), ModelError> {
-        crate::exec::pool().install(|| {
-            crate::exec::spinning(|| self.forward_in_pool(model, next, hidden, state, s))
-        })
+        crate::exec::step(|| self.forward_in_pool(model, next, hidden, state, s))
     }
 
     fn forward_in_pool(

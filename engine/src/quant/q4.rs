@@ -408,12 +408,7 @@ mod tests {
         let b = encode(DType::Q4tp, &shape, &v, &EncodeOptions::default()).unwrap();
         let g = crate::quant::geometry(DType::Q4tp, &shape).unwrap();
         let l = Q4tpLayout::new(g);
-        let want = |r: usize| {
-            let p = |k: usize| {
-                f16::from_le_bytes([b[l.params + 4 * r + k], b[l.params + 4 * r + k + 1]])
-            };
-            ladder(p(0), p(2))
-        };
+        let want = |r: usize| q4tp_row_params(&b, l, r).unwrap().0;
         fn check<const R: usize>(
             rows: &Q4tpRows<'_, R>,
             rs: [usize; R],

@@ -687,8 +687,8 @@ impl Generation<'_> {
     // Not an Iterator: every call says what happened (Done included) or why it failed.
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<Step, GenerationError> {
-        // One spinning section per step: the forward, its sampling and any draft.
-        crate::exec::pool().install(|| crate::exec::spinning(|| self.advance()))
+        // One section per step: the forward, its sampling and any draft.
+        crate::exec::step(|| self.advance())
     }
 
     fn advance(&mut self) -> Result<Step, GenerationError> {
