@@ -1243,6 +1243,16 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
         unreachable!("nibble_pair of a layout without NIBBLE_PAIRS")
     }
 
+    /// The 16 nibble bytes of group `blk` of row `i`. Only for
+    /// [`IntRowsSimd::NIBBLE_PAIRS`] layouts.
+    ///
+    /// # Safety
+    /// As [`IntRowsSimd::load_u8`].
+    #[inline(always)]
+    unsafe fn nibbles(&self, _i: usize, _blk: usize) -> __m128i {
+        unreachable!("nibbles of a layout without NIBBLE_PAIRS")
+    }
+
     /// The scales of groups `blk .. blk + 4` of row `i`. Layouts that store them side by
     /// side override it with one load and one conversion.
     ///

@@ -899,6 +899,12 @@ mod simd {
 
         const NIBBLE_PAIRS: bool = true;
 
+        #[inline(always)]
+        unsafe fn nibbles(&self, i: usize, blk: usize) -> __m128i {
+            // In bounds: the caller's contract (`i < R`, `blk < cols / 32`).
+            _mm_loadu_si128(self.group_unchecked(i, blk).0 as *const __m128i)
+        }
+
         /// `q4_block`: the two groups' 32 contiguous bytes, one load; `q4_tiled`: the 16
         /// nibble bytes of each tile, two.
         #[inline(always)]
@@ -978,6 +984,12 @@ mod simd {
         }
 
         const NIBBLE_PAIRS: bool = true;
+
+        #[inline(always)]
+        unsafe fn nibbles(&self, i: usize, blk: usize) -> __m128i {
+            let at = blk * super::NIBBLE_BYTES;
+            _mm_loadu_si128(self.nib[i][at..at + super::NIBBLE_BYTES].as_ptr() as *const __m128i)
+        }
 
         /// The nibble plane holds a row's groups side by side: one load.
         #[inline(always)]
