@@ -825,15 +825,36 @@ unsafe fn pack_q4<D: IntRowsSimd>(d: &D, live: usize, half: usize, c4: usize, ds
 }
 
 /// The group scales of half `half` of a grouped panel (`live` rows; the others 0), per
-/// group and row.
+/// group and row: four groups of each row at a time ([`IntRowsSimd::scale_quad`], one read
+/// for `q4_block` and `q4tp`, whose one-at-a-time scales were a tenth of packing a `q4tp`
+/// panel), transposed as [`rows_to_words`] does.
 ///
 /// # Safety
 /// As [`pack_q4`]; `scales` holds `cols / 32` groups of [`PANEL`] words.
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn pack_scales<D: IntRowsSimd>(d: &D, live: usize, half: usize, scales: &mut [u32]) {
-    for (g, words) in scales.chunks_exact_mut(PANEL).enumerate() {
-        for (i, w) in words[16 * half..16 * half + 16].iter_mut().enumerate() {
+    let groups = scales.len() / PANEL;
+    let live_rows = ((1u32 << live) - 1) as __mmask16;
+    let pairs = word_pairs();
+    let four = |i0: usize, blk: usize| {
+        four_rows([0, 1, 2, 3].map(|r| _mm_castps_si128(d.scale_quad(i0 + r, blk))))
+    };
+    for blk in (0..groups / 4).map(|q| 4 * q) {
+        // Rows past `live` read row 0 (see `pack`) and are zeroed here.
+        let words = rows_to_words(
+            [four(0, blk), four(4, blk), four(8, blk), four(12, blk)],
+            &pairs,
+        );
+        for (w, v) in words.iter().enumerate() {
+            let at = (blk + w) * PANEL + 16 * half;
+            let v = _mm512_maskz_mov_epi32(live_rows, *v);
+            _mm512_storeu_si512(scales.as_mut_ptr().add(at) as *mut _, v);
+        }
+    }
+    for g in groups / 4 * 4..groups {
+        let words = &mut scales[g * PANEL + 16 * half..g * PANEL + 16 * half + 16];
+        for (i, w) in words.iter_mut().enumerate() {
             let s = if i < live {
                 d.group_scale_simd(i, g)
             } else {
@@ -842,6 +863,56 @@ unsafe fn pack_scales<D: IntRowsSimd>(d: &D, live: usize, half: usize, scales: &
             *w = s.to_bits();
         }
     }
+}
+
+/// Four rows' 128 bits in one vector, row `r` in lane `r`.
+///
+/// # Safety
+/// AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn four_rows(r: [__m128i; 4]) -> __m512i {
+    let v = _mm512_castsi128_si512(r[0]);
+    let v = _mm512_inserti32x4::<1>(v, r[1]);
+    let v = _mm512_inserti32x4::<2>(v, r[2]);
+    _mm512_inserti32x4::<3>(v, r[3])
+}
+
+/// The index vectors of [`rows_to_words`]' first level: from vectors of rows `0..4` and
+/// `4..8`, rows `0..8`'s word `2p` in the low 256 bits and word `2p + 1` in the high.
+///
+/// # Safety
+/// AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn word_pairs() -> [__m512i; 2] {
+    std::array::from_fn(|p| {
+        let v: [i32; 16] = std::array::from_fn(|l| {
+            let (row, w) = (l % 8, 2 * p + l / 8);
+            ((row / 4) << 4 | (4 * (row % 4) + w)) as i32
+        });
+        _mm512_loadu_si512(v.as_ptr() as *const _)
+    })
+}
+
+/// 16 rows of four words, four rows to a vector (row `r` in 128-bit lane `r % 4` of
+/// `a[r / 4]`), as four vectors of 16 rows: vector `w` holds word `w` of every row. Four
+/// two-source permutes ([`word_pairs`]) and four 128-bit lane shuffles.
+///
+/// # Safety
+/// AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn rows_to_words(a: [__m512i; 4], pairs: &[__m512i; 2]) -> [__m512i; 4] {
+    // `b[2h + p]`: rows `8h .. 8h + 8`, words `2p` and `2p + 1`.
+    let b: [__m512i; 4] =
+        std::array::from_fn(|x| _mm512_permutex2var_epi32(a[x & 2], pairs[x & 1], a[(x & 2) + 1]));
+    [
+        _mm512_shuffle_i64x2::<0x44>(b[0], b[2]),
+        _mm512_shuffle_i64x2::<0xEE>(b[0], b[2]),
+        _mm512_shuffle_i64x2::<0x44>(b[1], b[3]),
+        _mm512_shuffle_i64x2::<0xEE>(b[1], b[3]),
+    ]
 }
 
 /// [`pack_q4`] for rows of `q4` nibbles ([`IntRowsSimd::NIBBLE_PAIRS`]), whose byte `k`
@@ -880,37 +951,14 @@ unsafe fn pack_nibbles<D: IntRowsSimd>(
         _mm512_set1_epi8(8),
         _mm512_set1_epi8(1),
     );
-    // From `A0`/`A1` (rows 0..4 / 4..8 of eight, row `r`'s words in 128-bit lane `r`): rows
-    // 0..8's word `2p` in the low 256 bits, word `2p + 1` in the high.
-    let pairs: [__m512i; 2] = std::array::from_fn(|p| {
-        let v: [i32; 16] = std::array::from_fn(|l| {
-            let (row, w) = (l % 8, 2 * p + l / 8);
-            ((row / 4) << 4 | (4 * (row % 4) + w)) as i32
-        });
-        _mm512_loadu_si512(v.as_ptr() as *const _)
-    });
-    let four = |i0: usize, g: usize| {
-        let v = _mm512_castsi128_si512(d.nibbles(i0, g));
-        let v = _mm512_inserti32x4::<1>(v, d.nibbles(i0 + 1, g));
-        let v = _mm512_inserti32x4::<2>(v, d.nibbles(i0 + 2, g));
-        _mm512_inserti32x4::<3>(v, d.nibbles(i0 + 3, g))
-    };
+    let pairs = word_pairs();
+    let four = |i0: usize, g: usize| four_rows([0, 1, 2, 3].map(|r| d.nibbles(i0 + r, g)));
     for g in 0..groups {
         for i in 0..live {
             d.prefetch_next(i, g);
         }
         // Rows past `live` read row 0 (see `pack`) and are masked out below.
-        let a = [four(0, g), four(4, g), four(8, g), four(12, g)];
-        // `b[2h + p]`: rows `8h .. 8h + 8`, words `2p` and `2p + 1`.
-        let b: [__m512i; 4] = std::array::from_fn(|x| {
-            _mm512_permutex2var_epi32(a[x & 2], pairs[x & 1], a[(x & 2) + 1])
-        });
-        let words = [
-            _mm512_shuffle_i64x2::<0x44>(b[0], b[2]),
-            _mm512_shuffle_i64x2::<0xEE>(b[0], b[2]),
-            _mm512_shuffle_i64x2::<0x44>(b[1], b[3]),
-            _mm512_shuffle_i64x2::<0xEE>(b[1], b[3]),
-        ];
+        let words = rows_to_words([four(0, g), four(4, g), four(8, g), four(12, g)], &pairs);
         let mut sum = _mm512_setzero_si512();
         for (w, v) in words.iter().enumerate() {
             let lo = _mm512_maskz_sub_epi8(live_bytes, _mm512_and_si512(*v, low4), eight);
