@@ -807,7 +807,8 @@ unsafe fn pack_avx512(
 /// Half `half` (16 rows, `live` of them real) of a grouped panel: per pair of groups the
 /// rows' codes in the activations' order (`nibble − 8`, or `q1t`'s digits `−1, 0, 1`),
 /// transposed as the `q8` panel's, each group's `Σ w` (times −32896 = −128·257: the
-/// unsigned offset of both levels, see [`tile_q4`]) and scale.
+/// unsigned offset of both levels, see [`tile_q4`]) and scale ([`pack_scales`]). Rows of
+/// `q4` nibbles take [`pack_nibbles`] instead, which transposes the nibble bytes.
 ///
 /// # Safety
 /// AVX-512 F/BW/VNNI; `dst` is one panel of `c4` words per row (`cols % 32 == 0`).
