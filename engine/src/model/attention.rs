@@ -15,6 +15,9 @@ use super::norm::RmsNorm;
 use super::rope::Rope;
 use super::scope::Scope;
 use super::ModelError;
+
+/// Tokens from which the rotary embedding runs over the pool (a prefill's).
+const PARALLEL_ROPE_TOKENS: usize = 16;
 use crate::model::kv_cache::LayerKv;
 use crate::quant::kernel::Kernel;
 
@@ -204,12 +207,31 @@ impl Attention {
         if let Some(n) = &self.k_norm {
             n.forward_inplace(k);
         }
-        for i in 0..t {
-            self.rope.angles(pos0 + i, &mut s.cos, &mut s.sin);
-            self.rope
-                .apply(&mut q[i * nq * hd..(i + 1) * nq * hd], hd, &s.cos, &s.sin);
-            self.rope
-                .apply(&mut k[i * nkv * hd..(i + 1) * nkv * hd], hd, &s.cos, &s.sin);
+        let rope =
+            |i: usize, (q, k): (&mut [f32], &mut [f32]), cos: &mut [f32], sin: &mut [f32]| {
+                self.rope.angles(pos0 + i, cos, sin);
+                self.rope.apply(q, hd, cos, sin);
+                self.rope.apply(k, hd, cos, sin);
+            };
+        let (qs, ks) = (&mut q[..t * nq * hd], &mut k[..t * nkv * hd]);
+        if t >= PARALLEL_ROPE_TOKENS {
+            // A prefill's tokens over the pool (their angles and rotations were 3% of a
+            // 64-token SmolLM2 prefill on the calling thread), each with angles of its own.
+            let n = s.cos.len();
+            qs.par_chunks_exact_mut(nq * hd)
+                .zip(ks.par_chunks_exact_mut(nkv * hd))
+                .enumerate()
+                .for_each_init(
+                    || (vec![0f32; n], vec![0f32; n]),
+                    |(cos, sin), (i, qk)| rope(i, qk, cos, sin),
+                );
+        } else {
+            let qk = qs
+                .chunks_exact_mut(nq * hd)
+                .zip(ks.chunks_exact_mut(nkv * hd));
+            for (i, qk) in qk.enumerate() {
+                rope(i, qk, &mut s.cos, &mut s.sin);
+            }
         }
         kv.store(pos0, k, v);
 

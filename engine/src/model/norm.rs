@@ -2,6 +2,11 @@
 //! f32 as Hugging Face does.
 
 use super::ModelError;
+use rayon::prelude::*;
+
+/// Rows from which a norm runs over the pool (a prefill's; a decode step's one row stays on
+/// the calling thread).
+const PARALLEL_ROWS: usize = 16;
 
 /// Config: the weight is folded at load (`1+w` precomputed for zero-centred norms), so
 /// `forward` is the same multiply for both styles.
@@ -26,28 +31,49 @@ impl RmsNorm {
         self.scale.len()
     }
 
-    /// Normalises every `dim`-long row of `x` [n, dim] into `out` [n, dim].
+    /// Normalises every `dim`-long row of `x` [n, dim] into `out` [n, dim]. A prefill's
+    /// rows (from [`PARALLEL_ROWS`]) go over the pool, each computed as alone: serial on
+    /// the calling thread they were 2% of a 64-token SmolLM2 prefill, with the other
+    /// threads waiting.
     pub fn forward(&self, x: &[f32], out: &mut [f32]) {
         let d = self.scale.len();
-        for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-            let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
-            let inv = 1.0 / (ss + self.eps).sqrt();
+        let row = |(xr, or): (&[f32], &mut [f32])| {
+            let inv = self.inv_rms(xr);
             for ((o, &v), &s) in or.iter_mut().zip(xr).zip(&self.scale) {
                 *o = v * inv * s;
             }
+        };
+        if x.len() >= PARALLEL_ROWS * d.max(1) {
+            x.par_chunks_exact(d)
+                .zip(out.par_chunks_exact_mut(d))
+                .for_each(row);
+        } else {
+            x.chunks_exact(d).zip(out.chunks_exact_mut(d)).for_each(row);
         }
     }
 
-    /// In place over every `dim`-long row of `x` (per-head q/k norms).
+    /// In place over every `dim`-long row of `x` (per-head q/k norms); over the pool as
+    /// [`RmsNorm::forward`].
     pub fn forward_inplace(&self, x: &mut [f32]) {
         let d = self.scale.len();
-        for xr in x.chunks_exact_mut(d) {
-            let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
-            let inv = 1.0 / (ss + self.eps).sqrt();
+        let row = |xr: &mut [f32]| {
+            let inv = self.inv_rms(xr);
             for (v, &s) in xr.iter_mut().zip(&self.scale) {
                 *v = *v * inv * s;
             }
+        };
+        if x.len() >= PARALLEL_ROWS * d.max(1) {
+            x.par_chunks_exact_mut(d).for_each(row);
+        } else {
+            x.chunks_exact_mut(d).for_each(row);
         }
+    }
+
+    /// `1 / √(mean(x²) + eps)`, the squares summed in order.
+    #[inline]
+    fn inv_rms(&self, xr: &[f32]) -> f32 {
+        let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / xr.len() as f32;
+        1.0 / (ss + self.eps).sqrt()
     }
 
     pub fn check_dim(&self, name: &str, want: usize) -> Result<(), ModelError> {
