@@ -184,3 +184,38 @@ fn sigterm_and_sighup_restore_the_terminal() {
         );
     }
 }
+
+/// Closing the terminal (its window, here the tmux session) while an answer streams ends
+/// the workbench within seconds. crossterm 0.29 reads a hung-up terminal in an endless
+/// loop; the workbench stayed behind at full CPU.
+#[test]
+fn closing_the_terminal_ends_the_workbench() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("cortiq.log");
+    let s = Session::start("cortiq-hangup", &fixture("qwen3-q4.cmf"), &log);
+    s.wait_for(&["1 Overview"]);
+    s.keys(&["6"]);
+    s.wait_for(&["message"]);
+    s.literal("Tell me a long story.");
+    s.keys(&["Enter"]);
+    let pid = s.program_pid();
+    s.close_terminal();
+    let start = std::time::Instant::now();
+    // Gone, or a zombie nobody reaps (the pane's shell ended with the terminal).
+    let running = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|st| {
+                let state = st.rsplit(')').next().unwrap_or("").trim_start();
+                !state.starts_with('Z')
+            })
+            .unwrap_or(false)
+    };
+    while running() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "cortiq ({pid}) still runs 10 s after its terminal closed; its log:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

@@ -188,9 +188,13 @@ pub fn run_with(file: Option<&Path>, start_opts: super::StartOptions) -> Result<
             log::warn!("cannot watch signal {sig}: {e}");
         }
     }
+    watch_for_a_stuck_loop(Arc::clone(&signalled));
+    let tty_in = stdin_is_terminal();
     let mut frames = FrameStats::default();
     let result = (|| -> Result<(), String> {
         let mut first = true;
+        // An event was just read: crossterm may hold more from the same read.
+        let mut drain = false;
         // When the last key arrived that no frame has shown yet (for the frame-time log).
         let mut key_at: Option<Instant> = None;
         loop {
@@ -234,7 +238,18 @@ pub fn run_with(file: Option<&Path>, start_opts: super::StartOptions) -> Result<
                 if signalled.load(Ordering::Relaxed) != 0 {
                     return Ok(());
                 }
-                if event::poll(Duration::from_millis(30)).map_err(|e| e.to_string())? {
+                // On a terminal, wait in our own poll of it and ask crossterm only without
+                // waiting (see `terminal_hung_up`); right after an event, not at all, so
+                // that events crossterm read at once come without delay.
+                let wait = Duration::from_millis(if drain { 0 } else { 30 });
+                if tty_in && terminal_hung_up(wait) {
+                    log::info!("the terminal hung up");
+                    signalled.store(SIGHUP as usize, Ordering::Relaxed);
+                    return Ok(());
+                }
+                let timeout = if tty_in { Duration::ZERO } else { wait };
+                drain = false;
+                if event::poll(timeout).map_err(|e| e.to_string())? {
                     let ev = event::read().map_err(|e| e.to_string())?;
                     if matches!(ev, Event::Key(_)) {
                         key_at.get_or_insert_with(Instant::now);
@@ -243,6 +258,7 @@ pub fn run_with(file: Option<&Path>, start_opts: super::StartOptions) -> Result<
                         app.update(a);
                     }
                     acted = true;
+                    drain = true;
                 }
                 while let Ok(a) = rx.try_recv() {
                     app.update(a);
@@ -258,10 +274,14 @@ pub fn run_with(file: Option<&Path>, start_opts: super::StartOptions) -> Result<
         DisableMouseCapture,
         DisableBracketedPaste
     );
-    ratatui::restore();
+    // Not `ratatui::restore`, which prints a failure to stderr: on a hung-up terminal that
+    // print failed too, and panicked.
+    if let Err(e) = ratatui::try_restore() {
+        log::warn!("cannot restore the terminal: {e}");
+    }
     let sig = signalled.load(Ordering::Relaxed);
     if sig != 0 {
-        log::info!("ended by signal {sig}; the terminal is restored");
+        log::info!("ended by signal {sig}");
         // Flush the log before the default action ends the process.
         log::logger().flush();
         if let Err(e) = signal_hook::low_level::emulate_default_handler(sig as i32) {
@@ -269,6 +289,61 @@ pub fn run_with(file: Option<&Path>, start_opts: super::StartOptions) -> Result<
         }
     }
     result
+}
+
+/// Whether standard input is a terminal (crossterm then reads it; otherwise it opens
+/// `/dev/tty`, and the loop waits in crossterm's poll as before).
+fn stdin_is_terminal() -> bool {
+    use std::io::IsTerminal;
+    std::io::stdin().is_terminal()
+}
+
+/// Waits up to `wait` for input on the terminal (standard input); whether it hung up (its
+/// window closed, the link dropped). crossterm 0.29 reads a hung-up terminal in an endless
+/// loop (a read of 0 bytes is not the end to it), inside `event::poll`, where neither a
+/// signal nor the time limit ends it: the workbench stayed at full CPU after its window
+/// closed. So the loop polls the terminal itself and calls crossterm only when it is
+/// still there.
+#[cfg(unix)]
+fn terminal_hung_up(wait: Duration) -> bool {
+    let mut fds = [libc::pollfd {
+        fd: 0,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    let ms = wait.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: one valid `pollfd`, for the call's duration.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
+    n > 0 && fds[0].revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
+}
+
+#[cfg(not(unix))]
+fn terminal_hung_up(wait: Duration) -> bool {
+    std::thread::sleep(wait.min(Duration::from_millis(1)));
+    false
+}
+
+/// After SIGTERM or SIGHUP, gives the terminal loop a few seconds to end (it restores the
+/// terminal, then raises the signal again); if it has not, ends the process by the signal
+/// from here. A backstop for a loop stuck where it cannot see the signal (as in a read of
+/// a hung-up terminal by a crossterm of another version).
+fn watch_for_a_stuck_loop(signalled: Arc<AtomicUsize>) {
+    let spawned = std::thread::Builder::new()
+        .name("cortiq-signal-watch".into())
+        .spawn(move || loop {
+            let sig = signalled.load(Ordering::Relaxed);
+            if sig != 0 {
+                std::thread::sleep(Duration::from_secs(3));
+                log::warn!("the terminal loop did not end 3 s after signal {sig}; ending here");
+                log::logger().flush();
+                let _ = signal_hook::low_level::emulate_default_handler(sig as i32);
+                std::process::exit(128 + sig as i32);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        });
+    if let Err(e) = spawned {
+        log::warn!("cannot start the signal watch: {e}");
+    }
 }
 
 /// Frame times of one run, for the log: the time to draw each frame and, for frames that

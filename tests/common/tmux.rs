@@ -31,7 +31,8 @@ impl Session {
             file.display()
         );
         // The pane stays after the program exits, so what it left on the screen can be read.
-        let o = tmux(&[
+        let shell = format!("{cmd}; echo EXITED $?; sleep 30");
+        let args = [
             "new-session",
             "-d",
             "-s",
@@ -42,8 +43,18 @@ impl Session {
             "40",
             "sh",
             "-c",
-            &format!("{cmd}; echo EXITED $?; sleep 30"),
-        ]);
+            &shell,
+        ];
+        let mut o = tmux(&args);
+        // A test that ends the last session stops the tmux server; a session started in
+        // that moment fails ("server exited unexpectedly"). Try again a few times.
+        for _ in 0..10 {
+            if o.status.success() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            o = tmux(&args);
+        }
         assert!(
             o.status.success(),
             "tmux new-session: {}",
@@ -123,6 +134,23 @@ impl Session {
     /// Sends `signal` (a `kill` name: TERM, HUP) to the program in the pane: the child of
     /// the pane's shell (`env` execs cortiq in its place).
     pub fn signal(&self, signal: &str) {
+        let child = self.program_pid();
+        let o = Command::new("kill")
+            .args([&format!("-{signal}"), &child])
+            .output()
+            .expect("kill runs");
+        assert!(o.status.success(), "kill -{signal} {child}");
+    }
+
+    /// Closes the terminal: the tmux session ends, its pane's terminal hangs up.
+    pub fn close_terminal(&self) {
+        let o = tmux(&["kill-session", "-t", &format!("={}", self.name)]);
+        assert!(o.status.success(), "tmux kill-session");
+    }
+
+    /// The pid of the program in the pane: the child of the pane's shell (`env` execs
+    /// cortiq in its place).
+    pub fn program_pid(&self) -> String {
         let pid = String::from_utf8_lossy(
             &tmux(&["display-message", "-p", "-t", &self.target(), "#{pane_pid}"]).stdout,
         )
@@ -132,17 +160,12 @@ impl Session {
             .args(["-P", &pid])
             .output()
             .expect("pgrep runs");
-        let child = String::from_utf8_lossy(&children.stdout)
+        String::from_utf8_lossy(&children.stdout)
             .lines()
             .next()
             .unwrap_or_else(|| panic!("no program under the pane's shell {pid}"))
             .trim()
-            .to_string();
-        let o = Command::new("kill")
-            .args([&format!("-{signal}"), &child])
-            .output()
-            .expect("kill runs");
-        assert!(o.status.success(), "kill -{signal} {child}");
+            .to_string()
     }
 
     /// Waits for cortiq to exit; returns its exit status line and the screen it left.
