@@ -7,6 +7,16 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
 
+/// Fewest tokens whose per-token work (quantizing the activations, the rotary embedding)
+/// a step splits over the pool: a prefill's. A decode step's token, and short draft
+/// verifications, stay on the calling thread.
+pub const PARALLEL_TOKENS: usize = 16;
+
+/// Fewest elements of a row-wise pass (the norms) that a step splits over the pool, rows
+/// whole: a prefill's. A decode step's rows (one hidden state, or its heads' per-head
+/// norms) stay on the calling thread, where a split costs more than the pass.
+pub const PARALLEL_ELEMENTS: usize = 1 << 14;
+
 static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
 /// Threads asked for before the pool was built; 0 = one per core.
 static THREADS: AtomicUsize = AtomicUsize::new(0);

@@ -188,8 +188,8 @@ pub fn run_with(file: Option<&Path>, start_opts: super::StartOptions) -> Result<
             log::warn!("cannot watch signal {sig}: {e}");
         }
     }
-    watch_for_a_stuck_loop(Arc::clone(&signalled));
-    let tty_in = stdin_is_terminal();
+    watch_for_a_stuck_loop();
+    let tty_in = cfg!(unix) && stdin_is_terminal();
     let mut frames = FrameStats::default();
     let result = (|| -> Result<(), String> {
         let mut first = true;
@@ -317,29 +317,32 @@ fn terminal_hung_up(wait: Duration) -> bool {
     n > 0 && fds[0].revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
 }
 
+/// Elsewhere the loop waits in crossterm's poll (`tty_in` is false).
 #[cfg(not(unix))]
-fn terminal_hung_up(wait: Duration) -> bool {
-    std::thread::sleep(wait.min(Duration::from_millis(1)));
+fn terminal_hung_up(_: Duration) -> bool {
     false
 }
 
 /// After SIGTERM or SIGHUP, gives the terminal loop a few seconds to end (it restores the
 /// terminal, then raises the signal again); if it has not, ends the process by the signal
 /// from here. A backstop for a loop stuck where it cannot see the signal (as in a read of
-/// a hung-up terminal by a crossterm of another version).
-fn watch_for_a_stuck_loop(signalled: Arc<AtomicUsize>) {
+/// a hung-up terminal by a crossterm of another version). The thread blocks until a
+/// signal comes.
+fn watch_for_a_stuck_loop() {
+    let mut signals = match signal_hook::iterator::Signals::new([SIGTERM, SIGHUP]) {
+        Ok(s) => s,
+        Err(e) => return log::warn!("cannot watch for a stuck loop: {e}"),
+    };
     let spawned = std::thread::Builder::new()
         .name("cortiq-signal-watch".into())
-        .spawn(move || loop {
-            let sig = signalled.load(Ordering::Relaxed);
-            if sig != 0 {
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
                 std::thread::sleep(Duration::from_secs(3));
                 log::warn!("the terminal loop did not end 3 s after signal {sig}; ending here");
                 log::logger().flush();
-                let _ = signal_hook::low_level::emulate_default_handler(sig as i32);
-                std::process::exit(128 + sig as i32);
+                let _ = signal_hook::low_level::emulate_default_handler(sig);
+                std::process::exit(128 + sig);
             }
-            std::thread::sleep(Duration::from_millis(100));
         });
     if let Err(e) = spawned {
         log::warn!("cannot start the signal watch: {e}");

@@ -15,9 +15,6 @@ use super::norm::RmsNorm;
 use super::rope::Rope;
 use super::scope::Scope;
 use super::ModelError;
-
-/// Tokens from which the rotary embedding runs over the pool (a prefill's).
-const PARALLEL_ROPE_TOKENS: usize = 16;
 use crate::model::kv_cache::LayerKv;
 use crate::quant::kernel::Kernel;
 
@@ -214,7 +211,7 @@ impl Attention {
                 self.rope.apply(k, hd, cos, sin);
             };
         let (qs, ks) = (&mut q[..t * nq * hd], &mut k[..t * nkv * hd]);
-        if t >= PARALLEL_ROPE_TOKENS {
+        if t >= crate::exec::PARALLEL_TOKENS {
             // A prefill's tokens over the pool (their angles and rotations were 3% of a
             // 64-token SmolLM2 prefill on the calling thread), each with angles of its own.
             let n = s.cos.len();

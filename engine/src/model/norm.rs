@@ -2,11 +2,8 @@
 //! f32 as Hugging Face does.
 
 use super::ModelError;
+use crate::exec::PARALLEL_ELEMENTS;
 use rayon::prelude::*;
-
-/// Rows from which a norm runs over the pool (a prefill's; a decode step's one row stays on
-/// the calling thread).
-const PARALLEL_ROWS: usize = 16;
 
 /// Config: the weight is folded at load (`1+w` precomputed for zero-centred norms), so
 /// `forward` is the same multiply for both styles.
@@ -32,7 +29,7 @@ impl RmsNorm {
     }
 
     /// Normalises every `dim`-long row of `x` [n, dim] into `out` [n, dim]. A prefill's
-    /// rows (from [`PARALLEL_ROWS`]) go over the pool, each computed as alone: serial on
+    /// rows (from [`PARALLEL_ELEMENTS`]) go over the pool, each computed as alone: serial on
     /// the calling thread they were 2% of a 64-token SmolLM2 prefill, with the other
     /// threads waiting.
     pub fn forward(&self, x: &[f32], out: &mut [f32]) {
@@ -43,7 +40,7 @@ impl RmsNorm {
                 *o = v * inv * s;
             }
         };
-        if x.len() >= PARALLEL_ROWS * d.max(1) {
+        if x.len() >= PARALLEL_ELEMENTS {
             x.par_chunks_exact(d)
                 .zip(out.par_chunks_exact_mut(d))
                 .for_each(row);
@@ -62,7 +59,7 @@ impl RmsNorm {
                 *v = *v * inv * s;
             }
         };
-        if x.len() >= PARALLEL_ROWS * d.max(1) {
+        if x.len() >= PARALLEL_ELEMENTS {
             x.par_chunks_exact_mut(d).for_each(row);
         } else {
             x.chunks_exact_mut(d).for_each(row);
@@ -90,6 +87,37 @@ impl RmsNorm {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Past [`PARALLEL_ELEMENTS`] the rows go over the pool; each equals the row normalised
+    /// alone, bit for bit (an awkward width, 96, and a row count that splits unevenly).
+    #[test]
+    fn a_prefills_rows_over_the_pool_equal_each_row_alone() {
+        let d = 96;
+        let rows = PARALLEL_ELEMENTS / d + 7;
+        let w: Vec<f32> = (0..d).map(|i| 0.5 + (i % 7) as f32 * 0.1).collect();
+        let n = RmsNorm::new(w, 1e-6, false);
+        let x: Vec<f32> = (0..rows * d)
+            .map(|i| ((i * 7919) % 2003) as f32 * 0.01 - 10.0)
+            .collect();
+        let mut all = vec![0.0; x.len()];
+        n.forward(&x, &mut all);
+        let mut inplace = x.clone();
+        n.forward_inplace(&mut inplace);
+        for (r, xr) in x.chunks_exact(d).enumerate() {
+            let mut one = vec![0.0; d];
+            n.forward(xr, &mut one);
+            let got = &all[r * d..(r + 1) * d];
+            assert!(
+                one.iter().zip(got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "row {r}"
+            );
+            let got = &inplace[r * d..(r + 1) * d];
+            assert!(
+                one.iter().zip(got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "row {r}"
+            );
+        }
+    }
 
     #[test]
     fn both_styles() {

@@ -540,10 +540,6 @@ pub(crate) struct QuantizedActs {
     scaled: Vec<f32>,
 }
 
-/// Fewest tokens [`QuantizedActs::fill`] quantizes in parallel (decode's single tokens
-/// and short verifications stay on the calling thread, without allocating).
-const PARALLEL_FILL_TOKENS: usize = 16;
-
 /// One token's part of each [`QuantizedActs`] buffer.
 pub(super) struct TokenCodes<'a> {
     pub q: &'a mut [i8],
@@ -1069,7 +1065,7 @@ impl QuantizedActs {
             .zip(per_token(&mut self.c, t))
             .zip(per_token(&mut self.c2, t))
             .map(|(((((q, q2), k), d), c), c2)| TokenCodes { q, q2, k, d, c, c2 });
-        if t >= PARALLEL_FILL_TOKENS {
+        if t >= crate::exec::PARALLEL_TOKENS {
             // A prefill's tokens over the pool: on the calling thread alone this was 5% of
             // a 512-token prefill with the other threads waiting.
             let tokens: Vec<_> = tokens.enumerate().collect();

@@ -808,7 +808,8 @@ unsafe fn pack_avx512(
 /// rows' codes in the activations' order (`nibble − 8`, or `q1t`'s digits `−1, 0, 1`),
 /// transposed as the `q8` panel's, each group's `Σ w` (times −32896 = −128·257: the
 /// unsigned offset of both levels, see [`tile_q4`]) and scale ([`pack_scales`]). Rows of
-/// `q4` nibbles take [`pack_nibbles`] instead, which transposes the nibble bytes.
+/// `q4` nibbles take [`pack_nibbles`], which transposes the nibble bytes, the others
+/// [`pack_codes`].
 ///
 /// # Safety
 /// AVX-512 F/BW/VNNI; `dst` is one panel of `c4` words per row (`cols % 32 == 0`).
@@ -818,11 +819,31 @@ unsafe fn pack_q4<D: IntRowsSimd>(d: &D, live: usize, half: usize, c4: usize, ds
     let groups = c4 / 8;
     let c4p = c4.next_multiple_of(16);
     assert!(dst.len() == panel_len(Family::Grouped(Grouped::Q4Block), c4, false));
-    if D::NIBBLE_PAIRS {
-        return pack_nibbles(d, live, half, c4, dst);
-    }
     let (codes, tail) = dst.split_at_mut(c4p * PANEL);
     let (corr, scales) = tail.split_at_mut(groups * PANEL);
+    if D::NIBBLE_PAIRS {
+        pack_nibbles(d, live, half, codes, corr);
+    } else {
+        pack_codes(d, live, half, codes, corr);
+    }
+    pack_scales(d, live, half, scales);
+}
+
+/// [`pack_q4`]'s codes and `Σ w` for layouts other than nibbles: per pair of groups, each
+/// row's codes as `load_u8` gives them, transposed as bytes ([`transpose16`]).
+///
+/// # Safety
+/// As [`pack_q4`]; `codes` and `corr` are its parts of the panel.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn pack_codes<D: IntRowsSimd>(
+    d: &D,
+    live: usize,
+    half: usize,
+    codes: &mut [u32],
+    corr: &mut [u32],
+) {
+    let groups = corr.len() / PANEL;
     let levels = transpose_indices();
     // What `load_u8` adds to a code: 8 for nibbles, 0 for signed codes (`q1t`).
     let bias = D::CODE_OFFSET as i8;
@@ -853,12 +874,22 @@ unsafe fn pack_q4<D: IntRowsSimd>(d: &D, live: usize, half: usize, c4: usize, ds
             sums[c / 8] = _mm512_dpbusd_epi32(sums[c / 8], ones, *v);
         }
         for (k, s) in sums.iter().enumerate().take(if two { 2 } else { 1 }) {
-            let at = (g0 + k) * PANEL + 16 * half;
-            let scaled = _mm512_mullo_epi32(*s, _mm512_set1_epi32(-Q4_OFFSET));
-            _mm512_storeu_si512(corr.as_mut_ptr().add(at) as *mut _, scaled);
+            store_group_sums(corr, g0 + k, half, *s);
         }
     }
-    pack_scales(d, live, half, scales);
+}
+
+/// Group `g`'s row sums `Σ w` of half `half` of a panel, as the tiles add them:
+/// `−32896·Σ w` (see [`tile_q4`]).
+///
+/// # Safety
+/// AVX-512 F; `corr` holds group `g`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn store_group_sums(corr: &mut [u32], g: usize, half: usize, sum: __m512i) {
+    let scaled = _mm512_mullo_epi32(sum, _mm512_set1_epi32(-Q4_OFFSET));
+    let at = g * PANEL + 16 * half;
+    _mm512_storeu_si512(corr[at..at + 16].as_mut_ptr() as *mut _, scaled);
 }
 
 /// The group scales of half `half` of a grouped panel (`live` rows; the others 0), per
@@ -965,21 +996,19 @@ unsafe fn rows_to_words(a: [__m512i; 4], pairs: &[__m512i; 2]) -> [__m512i; 4] {
 /// instructions: packing was 15% of a 64-token Qwen2.5-0.5B prefill.
 ///
 /// # Safety
-/// As [`pack_q4`], and `D::NIBBLE_PAIRS`.
+/// As [`pack_codes`], and `D::NIBBLE_PAIRS`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn pack_nibbles<D: IntRowsSimd>(
     d: &D,
     live: usize,
     half: usize,
-    c4: usize,
-    dst: &mut [u32],
+    codes: &mut [u32],
+    corr: &mut [u32],
 ) {
     debug_assert!(D::NIBBLE_PAIRS && D::CODE_OFFSET == 8 && live <= 16);
-    let groups = c4 / 8;
-    let c4p = c4.next_multiple_of(16);
-    let (codes, tail) = dst.split_at_mut(c4p * PANEL);
-    let (corr, scales) = tail.split_at_mut(groups * PANEL);
+    let groups = corr.len() / PANEL;
+    let c4p = codes.len() / PANEL;
     // The bytes of the live rows' lanes: the others' codes (and so their `Σ w`) are zero.
     let live_bytes = if live >= 16 {
         u64::MAX
@@ -1010,18 +1039,13 @@ unsafe fn pack_nibbles<D: IntRowsSimd>(
                 sum = _mm512_dpbusd_epi32(sum, ones, c);
             }
         }
-        let scaled = _mm512_mullo_epi32(sum, _mm512_set1_epi32(-Q4_OFFSET));
-        _mm512_storeu_si512(
-            corr.as_mut_ptr().add(g * PANEL + 16 * half) as *mut _,
-            scaled,
-        );
+        store_group_sums(corr, g, half, sum);
     }
-    // An odd last group leaves a pair's second half: zero codes, as `pack_q4` writes.
+    // An odd last group leaves a pair's second half: zero codes, as `pack_codes` writes.
     for q in 8 * groups..c4p {
         let at = q * PANEL + 16 * half;
         _mm512_storeu_si512(codes.as_mut_ptr().add(at) as *mut _, _mm512_setzero_si512());
     }
-    pack_scales(d, live, half, scales);
 }
 
 /// Rows `8·oct ..` (`live` of them real) of a grouped panel, in the layout [`pack_q4`]
