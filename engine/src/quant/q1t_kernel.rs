@@ -33,6 +33,8 @@
 //!   `vpdpbusd` multiplies with the activations laid out in the same digit-major order
 //!   ([`DmActs`], built once per thread from the quantized activations); the
 //!   activations' `−Σx` per 4-byte lane starts each dot, so `Σ(code + 1)·x − Σx = Σ code·x`.
+//!   Two rows whose last step holds at most 4 tiles run that step in one vector.
+//!   Prefetches run 3 KiB ahead in the tiles and 4 KiB in the overlay.
 //!   `Balanced` lays out the residual codes `q₂` the same way and runs the same five
 //!   `vpdpbusd` over them with the same digit vectors, combining the two lane sums as the
 //!   shared kernels do, `(dot << SPLIT_SHIFT) + dot₂`, exact in integers (a lane sums 20
@@ -839,6 +841,26 @@ mod simd {
         t
     };
 
+    /// A `vpermt2b` index over a pair of rows' tails of at most 4 tiles: the first `n`
+    /// bytes of `one` (a one-row index) read the first row (the first source), the next
+    /// `n` the second (the second source, indices `64..`); the rest 0.
+    const fn paired(one: &[u8; 64], n: usize) -> [u8; 64] {
+        let mut t = [0u8; 64];
+        let mut i = 0;
+        while i < 2 * n {
+            t[i] = one[i % n] + if i < n { 0 } else { 64 };
+            i += 1;
+        }
+        t
+    }
+
+    /// [`DM_CODE`] for a pair of tails: lanes 0..32 the first row's, 32..64 the second's.
+    static DM_PAIR_CODE: [u8; 64] = paired(&DM_CODE, 32);
+
+    /// [`DM_SCALE`] for a pair of tails: f16 words 0..8 the first row's tiles 0..4, words
+    /// 8..16 the second's.
+    static DM_PAIR_SCALE: [u8; 64] = paired(&DM_SCALE, 16);
+
     /// Whether this CPU runs the digit-major kernel (AVX-512 VBMI and VNNI on top of
     /// [`Kernel::Avx512`]): [`Kernel::has_vbmi`], as the `vbit` kernels ask.
     pub(super) fn dm_available() -> bool {
@@ -902,21 +924,7 @@ mod simd {
             let code = _mm512_permutex2var_epi8(z0, k.code, z1);
             let scale = _mm512_permutex2var_epi8(z0, k.scale, z1);
             scales[r] = _mm512_cvtph_ps(_mm512_castsi512_si256(scale));
-            // b = 81·q + r: digits 0..3 of b are those of r = b mod 81 (also for the
-            // non-canonical b ≥ 243: b − 243 < 81), digit 4 is q mod 3. Two compares and
-            // masked subtracts find r (b ≥ 162: −162, then ≥ 81: −81; 243.. → 0..12) and q.
-            let k2 = _mm512_cmpge_epu8_mask(code, _mm512_set1_epi8(162u8 as i8));
-            let rem = _mm512_mask_sub_epi8(code, k2, code, _mm512_set1_epi8(162u8 as i8));
-            let k1 = _mm512_cmpge_epu8_mask(rem, _mm512_set1_epi8(81));
-            let rem = _mm512_mask_sub_epi8(rem, k1, rem, _mm512_set1_epi8(81));
-            // (No closures around intrinsics here: a closure body is a function of its own,
-            // without this function's target features, and may not be inlined.)
-            for (a, u) in us[r].iter_mut().take(4).enumerate() {
-                *u = _mm512_permutex2var_epi8(k.digit[a][0], rem, k.digit[a][1]);
-            }
-            // Digit 4 + 1: q = 0 → 1, q = 1 (k1 only) → 2, q = 2 (k2 only) → 0, q = 3 → 1.
-            let u4 = _mm512_mask_mov_epi8(_mm512_set1_epi8(1), k1 & !k2, _mm512_set1_epi8(2));
-            us[r][4] = _mm512_mask_mov_epi8(u4, k2 & !k1, _mm512_setzero_si512());
+            us[r] = dm_digits(k, code);
         }
         for (q, tk) in toks.iter().enumerate() {
             let planes = dm_planes(tk, 0, step);
@@ -942,6 +950,94 @@ mod simd {
                 );
             }
         }
+    }
+
+    /// The five digit vectors `code + 1 ∈ {0, 1, 2}` of the 64 code bytes `code`.
+    #[inline(always)]
+    unsafe fn dm_digits(k: &DmConst, code: __m512i) -> [__m512i; 5] {
+        let mut us = [_mm512_setzero_si512(); 5];
+        // b = 81·q + r: digits 0..3 of b are those of r = b mod 81 (also for the
+        // non-canonical b ≥ 243: b − 243 < 81), digit 4 is q mod 3. Two compares and
+        // masked subtracts find r (b ≥ 162: −162, then ≥ 81: −81; 243.. → 0..12) and q.
+        let k2 = _mm512_cmpge_epu8_mask(code, _mm512_set1_epi8(162u8 as i8));
+        let rem = _mm512_mask_sub_epi8(code, k2, code, _mm512_set1_epi8(162u8 as i8));
+        let k1 = _mm512_cmpge_epu8_mask(rem, _mm512_set1_epi8(81));
+        let rem = _mm512_mask_sub_epi8(rem, k1, rem, _mm512_set1_epi8(81));
+        // (No closures around intrinsics here: a closure body is a function of its own,
+        // without this function's target features, and may not be inlined.)
+        for (a, u) in us.iter_mut().take(4).enumerate() {
+            *u = _mm512_permutex2var_epi8(k.digit[a][0], rem, k.digit[a][1]);
+        }
+        // Digit 4 + 1: q = 0 → 1, q = 1 (k1 only) → 2, q = 2 (k2 only) → 0, q = 3 → 1.
+        let u4 = _mm512_mask_mov_epi8(_mm512_set1_epi8(1), k1 & !k2, _mm512_set1_epi8(2));
+        us[4] = _mm512_mask_mov_epi8(u4, k2 & !k1, _mm512_setzero_si512());
+        us
+    }
+
+    /// The last, partial step of two rows (`ps`, `n ≤ 4` tiles each) in one: their tiles
+    /// share one vector (the first row's in lanes 0..32, the second's in 32..64), so the
+    /// digits are looked up once and each token's planes are dotted once, with the tail's
+    /// planes copied into the upper half. Each row's sums then go into lanes 0..8 of its
+    /// accumulators, by the same operations as a one-row partial step (whose lanes 8..16
+    /// add zeros), so the values do not depend on the pairing. Qwen2.5's 896 columns are
+    /// 3½ steps a row, SmolLM2's 576 2¼: a partial step cost a whole one.
+    #[inline(always)]
+    unsafe fn dm_tail_pair<const N: usize, const T: usize, const SPLIT: bool>(
+        k: &DmConst,
+        ps: [*const u8; N],
+        n: usize,
+        step: usize,
+        toks: &[DmTok; T],
+        acc: &mut [[__m512; T]; N],
+    ) {
+        debug_assert!(N == 2 && n <= DM_TILES / 2);
+        let m = (1u64 << (Q1T_TILE * n)) - 1;
+        let za = _mm512_maskz_loadu_epi8(m, ps[0] as *const i8);
+        let zb = _mm512_maskz_loadu_epi8(m, ps[1] as *const i8);
+        let code = _mm512_permutex2var_epi8(za, ld512(&DM_PAIR_CODE), zb);
+        let scale = _mm512_permutex2var_epi8(za, ld512(&DM_PAIR_SCALE), zb);
+        let scales = _mm512_cvtph_ps(_mm512_castsi512_si256(scale));
+        let us = dm_digits(k, code);
+        for (q, tk) in toks.iter().enumerate() {
+            let planes = dup_planes(dm_planes(tk, 0, step));
+            let planes2 = if SPLIT {
+                dup_planes(dm_planes(tk, 1, step))
+            } else {
+                planes
+            };
+            let d = _mm512_loadu_ps(tk.d.add(step * DM_LANES));
+            let d = _mm512_shuffle_f32x4::<0b01_00_01_00>(d, d);
+            let mut dot = dm_dot(&us, &planes);
+            if SPLIT {
+                let lo = dm_dot(&us, &planes2);
+                dot = _mm512_add_epi32(_mm512_slli_epi32::<{ SPLIT_SHIFT as u32 }>(dot), lo);
+            }
+            let v = _mm512_cvtepi32_ps(dot);
+            let sd = _mm512_mul_ps(scales, d);
+            acc[0][q] = _mm512_mask3_fmadd_ps(v, sd, acc[0][q], 0x00FF);
+            // The second row's lanes 8..16 down to 0..8.
+            let (v, sd) = (
+                _mm512_shuffle_f32x4::<0b01_00_11_10>(v, v),
+                _mm512_shuffle_f32x4::<0b01_00_11_10>(sd, sd),
+            );
+            acc[1][q] = _mm512_mask3_fmadd_ps(v, sd, acc[1][q], 0x00FF);
+        }
+    }
+
+    /// Planes ([`dm_planes`]) with their low halves copied into the high halves.
+    #[inline(always)]
+    unsafe fn dup_planes((c, xs): (__m512i, [__m512i; 5])) -> (__m512i, [__m512i; 5]) {
+        let mut out = (dup_low(c), xs);
+        for x in &mut out.1 {
+            *x = dup_low(*x);
+        }
+        out
+    }
+
+    /// The low 256 bits twice (128-bit lanes 0, 1, 0, 1).
+    #[inline(always)]
+    unsafe fn dup_low(v: __m512i) -> __m512i {
+        _mm512_shuffle_i64x2::<0b01_00_01_00>(v, v)
     }
 
     /// Level `l` of token `tk` at step `step`: the lanes' `−Σx` and the five digit planes.
@@ -1010,10 +1106,14 @@ mod simd {
             let at = ps.map(|p| p.add(s * step_bytes));
             dm_step::<N, T, SPLIT>(k, at, (!0, 0xFF), s, toks, &mut acc);
         }
-        if !groups.is_multiple_of(DM_TILES) {
-            let m = step_masks(groups % DM_TILES);
+        let tail = groups % DM_TILES;
+        if tail > 0 {
             let at = ps.map(|p| p.add(full * step_bytes));
-            dm_step::<N, T, SPLIT>(k, at, m, full, toks, &mut acc);
+            if N == 2 && tail <= DM_TILES / 2 {
+                dm_tail_pair::<N, T, SPLIT>(k, at, tail, full, toks, &mut acc);
+            } else {
+                dm_step::<N, T, SPLIT>(k, at, step_masks(tail), full, toks, &mut acc);
+            }
         }
         let mut out = [[0f32; T]; N];
         for r in 0..N {
