@@ -1344,6 +1344,7 @@ impl DmActs {
         self.split = split;
         self.key_d.clear();
         self.xf.clear();
+        self.xf.resize(t * n, 0.0);
         self.d.clear();
         self.d.resize(t * steps * DM_LANES, 0.0);
         self.levels[0].reset(t, steps);
@@ -1359,7 +1360,7 @@ impl DmActs {
                 let at = (j * steps + g / DM_TILES) * DM_LANES + 2 * (g % DM_TILES);
                 self.d[at..at + 2].fill(d);
             }
-            self.xf.extend((0..n).map(|c| tk.at(c)));
+            dequantize_into(&tk, &mut self.xf[j * n..(j + 1) * n]);
         }
     }
 
@@ -1679,6 +1680,17 @@ fn dequantize(k: Kernel, x: &QToken, cols: usize, out: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
     if k != Kernel::Scalar {
         // SAFETY: every level above scalar has AVX2 (`Kernel::detect`).
+        return unsafe { dequantize_avx2(x, out) };
+    }
+    dequantize_body(x, out)
+}
+
+/// [`dequantize`] into `out` (`groups·32` values) for the digit-major kernel's buffer, which
+/// runs only where AVX2 is.
+fn dequantize_into(x: &QToken, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if dm_available() {
+        // SAFETY: the digit-major kernel's CPUs (AVX-512) have AVX2.
         return unsafe { dequantize_avx2(x, out) };
     }
     dequantize_body(x, out)
