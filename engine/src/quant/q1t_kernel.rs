@@ -1320,8 +1320,8 @@ impl DmActs {
     }
 
     /// Rebuilds from tokens `0..t` of `qa` (`groups` groups each) unless they are what it
-    /// holds.
-    fn refresh(&mut self, qa: &QuantizedActs, t: usize, groups: usize) {
+    /// holds; `k` dequantizes them for the overlay.
+    fn refresh(&mut self, k: Kernel, qa: &QuantizedActs, t: usize, groups: usize) {
         let steps = groups.div_ceil(DM_TILES);
         let split = t > 0 && qa.token(0).split();
         let n = groups * STEP;
@@ -1360,7 +1360,7 @@ impl DmActs {
                 let at = (j * steps + g / DM_TILES) * DM_LANES + 2 * (g % DM_TILES);
                 self.d[at..at + 2].fill(d);
             }
-            dequantize_into(&tk, &mut self.xf[j * n..(j + 1) * n]);
+            dequantize(k, &tk, &mut self.xf[j * n..(j + 1) * n]);
         }
     }
 
@@ -1553,7 +1553,7 @@ impl Q1tProduct<'_> {
     ) {
         let groups = self.g.cols / STEP;
         let mut run = |dm: &mut DmActs| {
-            dm.refresh(qa, self.t, groups);
+            dm.refresh(self.k, qa, self.t, groups);
             // SAFETY: `dm_available()` (checked by `block`); `dm` was just built from all
             // `t` tokens of `qa`; rows come from a validated payload.
             unsafe { simd::dm_block(self, dm, outs.clone(), toks.clone(), put) }
@@ -1669,28 +1669,16 @@ impl<'a> IntTile<'a> {
     }
 }
 
-/// Token `x`'s `cols` activations as the overlay multiplies them ([`ActAt::at`] of each
-/// column, the same f32 values), into `out`. Once per one-token product: from these the
+/// Token `x`'s activations as the overlay multiplies them ([`ActAt::at`] of each column,
+/// the same f32 values), into `out` (one per column). Once per one-token product of the
+/// integer tiles, and per token into the digit-major kernel's buffer: from these the
 /// overlay's per-entry work is a load and a multiply-add instead of `at` (two code loads,
 /// the level test, the group's scale). The overlay was 16% of a SmolLM2 `q1t` decode on
 /// AVX2; a masked-gather step per row instead of the entry loop was slower (Zen 2).
-fn dequantize(k: Kernel, x: &QToken, cols: usize, out: &mut Vec<f32>) {
-    out.clear();
-    out.resize(cols, 0.0);
+fn dequantize(k: Kernel, x: &QToken, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if k != Kernel::Scalar {
         // SAFETY: every level above scalar has AVX2 (`Kernel::detect`).
-        return unsafe { dequantize_avx2(x, out) };
-    }
-    dequantize_body(x, out)
-}
-
-/// [`dequantize`] into `out` (`groups·32` values) for the digit-major kernel's buffer, which
-/// runs only where AVX2 is.
-fn dequantize_into(x: &QToken, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if dm_available() {
-        // SAFETY: the digit-major kernel's CPUs (AVX-512) have AVX2.
         return unsafe { dequantize_avx2(x, out) };
     }
     dequantize_body(x, out)
@@ -1778,7 +1766,9 @@ pub(crate) fn matvec(cx: &Q1tProduct, y: &mut [f32]) {
         // The integer tiles' overlay reads the token dequantized, once for every task.
         Q1tActs::Int(qa) if !cx.uses_dm() => DEQ.with(|cell| match cell.try_borrow_mut() {
             Ok(mut deq) => {
-                dequantize(cx.k, &qa.token(0), cx.g.cols, &mut deq);
+                deq.clear();
+                deq.resize(cx.g.cols, 0.0);
+                dequantize(cx.k, &qa.token(0), &mut deq);
                 run(&deq)
             }
             // Another product of this thread holds it (this one started from inside its
