@@ -179,12 +179,13 @@ pub(crate) struct VbitRows<'a, const R: usize> {
     scales: [&'a [u8]; R],
     /// Each row's width.
     bits: [u8; R],
-    /// Each row's [`WidthTable`].
-    table: [&'static WidthTable; R],
-    /// Each row's [`PairTable`].
-    pair: [&'static PairTable; R],
-    /// Each row's load mask for a pair of groups: its `8·b` low bits set.
-    pair_mask: [u64; R],
+    /// Each row's width's index in [`BITS`] (and so in [`WIDTHS`] and [`PAIRS`]): a byte
+    /// where the tables' addresses and the pair load's mask took 24 bytes a row. Built
+    /// per block of 8 rows, those stores were a tenth of a SmolLM2-135M `vbit` decode
+    /// (`perf record`); without them a cache-warm 1536×576 matvec runs 4% faster (33.6 →
+    /// 32.2 µs, `CORTIQ_BENCH_SHAPE=1536x576 cargo bench -p cortiq-engine --bench matvec
+    /// -- "vbit.*matvec balanced/1T"`), and the kernels look the tables up by the index.
+    width: [u8; R],
     /// Address one past the payload: a 16-byte load must end by it.
     payload_end: usize,
     cols: usize,
@@ -221,9 +222,7 @@ impl<'a, const R: usize> VbitRows<'a, R> {
             data: [&bytes[..0]; R],
             scales: [&bytes[..0]; R],
             bits: [0; R],
-            table: [&WIDTHS[0]; R],
-            pair: [&PAIRS[0]; R],
-            pair_mask: [0; R],
+            width: [0; R],
             payload_end: bytes.as_ptr() as usize + bytes.len(),
             cols: g.cols,
             ahead: [0; R],
@@ -235,9 +234,7 @@ impl<'a, const R: usize> VbitRows<'a, R> {
             v.data[i] = &packed[from..to];
             v.scales[i] = &bytes[l.scales + sb * r..l.scales + sb * (r + 1)];
             v.bits[i] = b;
-            v.table[i] = &WIDTHS[w];
-            v.pair[i] = &PAIRS[w];
-            v.pair_mask[i] = u64::MAX >> (64 - 8 * b as u32);
+            v.width[i] = w as u8;
             v.ahead[i] = starts.get(r + 2 * R).map_or(0, |&n| n.saturating_sub(from));
         }
         v
@@ -381,7 +378,7 @@ mod simd {
         #[inline(always)]
         unsafe fn group_at(&self, i: usize, blk: usize) -> (*const u8, usize, &'static WidthTable) {
             let b = *self.bits.get_unchecked(i) as usize;
-            let t = *self.table.get_unchecked(i);
+            let t = super::WIDTHS.get_unchecked(*self.width.get_unchecked(i) as usize);
             (self.data.get_unchecked(i).as_ptr().add(4 * b * blk), b, t)
         }
 
@@ -498,11 +495,11 @@ mod simd {
         unsafe fn load_pair_u8(&self, i: usize, blk: usize) -> __m512i {
             let r = &self.0;
             let b = *r.bits.get_unchecked(i) as usize;
-            let t = *r.pair.get_unchecked(i);
+            let t = super::PAIRS.get_unchecked(*r.width.get_unchecked(i) as usize);
             let p = r.data.get_unchecked(i).as_ptr().add(4 * b * blk);
             // The pair's `8·b` bytes only: a masked load neither reads nor faults on the
             // rest, so the row's end needs no copy.
-            let v = _mm512_maskz_loadu_epi8(*r.pair_mask.get_unchecked(i), p as *const i8);
+            let v = _mm512_maskz_loadu_epi8(u64::MAX >> (64 - 8 * b), p as *const i8);
             let w = _mm512_permutexvar_epi8(_mm512_load_si512(t.perm.as_ptr() as *const _), v);
             let u =
                 _mm512_multishift_epi64_epi8(_mm512_load_si512(t.shift.as_ptr() as *const _), w);
