@@ -1214,6 +1214,17 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
     #[inline(always)]
     unsafe fn prefetch_next(&self, _i: usize, _blk: usize) {}
 
+    /// [`IntRowsSimd::prefetch_next`] for the prefill packers of [`super::panel`], which
+    /// read 16 rows a group at a time: the same unless a layout spaces its decode
+    /// prefetches out in bursts that a packer's 16 rows would pile up.
+    ///
+    /// # Safety
+    /// As [`IntRowsSimd::prefetch_next`].
+    #[inline(always)]
+    unsafe fn prefetch_pack(&self, i: usize, blk: usize) {
+        self.prefetch_next(i, blk)
+    }
+
     /// [`IntRowsScalar::group_scale`], free to use F16C.
     ///
     /// # Safety

@@ -855,8 +855,8 @@ unsafe fn pack_codes<D: IntRowsSimd>(
         for (i, r) in r.iter_mut().enumerate().take(live) {
             // Row `i` of the panel after next (`2·16` rows on), which a task packs after
             // this one: the 16 rows' streams stalled the packer on every load without it.
-            d.prefetch_next(i, g0);
-            d.prefetch_next(i, g0 + 1);
+            d.prefetch_pack(i, g0);
+            d.prefetch_pack(i, g0 + 1);
             let lo = d.load_u8(i, g0);
             let hi = if two {
                 d.load_u8(i, g0 + 1)
@@ -1024,7 +1024,7 @@ unsafe fn pack_nibbles<D: IntRowsSimd>(
     let four = |i0: usize, g: usize| four_rows([0, 1, 2, 3].map(|r| d.nibbles(i0 + r, g)));
     for g in 0..groups {
         for i in 0..live {
-            d.prefetch_next(i, g);
+            d.prefetch_pack(i, g);
         }
         // Rows past `live` read row 0 (see `pack`) and are masked out below.
         let words = rows_to_words([four(0, g), four(4, g), four(8, g), four(12, g)], &pairs);
