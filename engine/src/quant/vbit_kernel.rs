@@ -447,22 +447,26 @@ mod simd {
             h2f(self.scale_bits_unchecked(i, blk) ^ 0x8000)
         }
 
-        /// The row `2·R` on, at the same pair of groups, by its start from the matrix's
-        /// row index (its width taken as this row's: only the cache lines matter), and its
+        /// The row `2·R` on, at the same four groups, by its start from the matrix's row
+        /// index (its width taken as this row's: only the cache lines matter), and its
         /// scales once per 32 groups. Without it a decode waited on every load (Qwen2.5's
-        /// vbit decode streamed at 5 GB/s where `q4` streams at 20). Once per pair, with
-        /// no test per line: the kernel is compute-bound enough that a line test per
-        /// group and row cost more than it saved on SmolLM2.
+        /// vbit decode streamed at 5 GB/s where `q4` streams at 20). The first and last
+        /// byte of every four groups (`16·bits` bytes, at most 128: a middle line of the
+        /// widest rows may be left to the hardware prefetcher), with no test per line: the
+        /// kernel is compute-bound enough that a line test per group and row cost more
+        /// than it saved on SmolLM2. Every pair's first and last byte (4 prefetches per line
+        /// at 4 bits) decoded 4–6% (SmolLM2-135M) and 5–7% (Qwen2.5-Coder-0.5B) slower,
+        /// interleaved; every 8 groups with a loop over their lines, 25–29% slower.
         #[inline(always)]
         unsafe fn prefetch_next(&self, i: usize, blk: usize) {
-            if blk % 2 == 1 {
+            if !blk.is_multiple_of(4) {
                 return;
             }
             let b = 4 * *self.bits.get_unchecked(i) as usize;
             let data = self.data.get_unchecked(i).as_ptr();
             let at = data.wrapping_add(*self.ahead.get_unchecked(i) + b * blk);
             _mm_prefetch::<_MM_HINT_T1>(at as *const i8);
-            _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(2 * b - 1) as *const i8);
+            _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(4 * b - 1) as *const i8);
             if blk.is_multiple_of(32) {
                 let s = self.scales.get_unchecked(i).as_ptr();
                 _mm_prefetch::<_MM_HINT_T1>(
