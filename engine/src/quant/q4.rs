@@ -820,6 +820,18 @@ mod simd {
         _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
     }
 
+    /// The prefetch of a nibble plane (`q4_block`, `q4tp`: 16 bytes a group, four to a
+    /// line): one per 64-byte line, at the first group starting in it.
+    ///
+    /// # Safety
+    /// As [`prefetch_ahead`].
+    #[inline(always)]
+    unsafe fn prefetch_nibble_plane<const R: usize>(nib: &[u8], blk: usize) {
+        if (blk * super::NIBBLE_BYTES).is_multiple_of(64) {
+            prefetch_ahead::<R>(nib, blk * super::NIBBLE_BYTES);
+        }
+    }
+
     impl<const R: usize, const TILED: bool> IntRowsSimd for Q4Rows<'_, R, TILED> {
         const CODE_OFFSET: u8 = 8;
 
@@ -838,39 +850,29 @@ mod simd {
         /// Row data is contiguous: row `i` two blocks on is `2·R` rows further.
         #[inline(always)]
         unsafe fn prefetch_next(&self, i: usize, blk: usize) {
-            // Bytes per group in `data` (a constant: no division in the hot loop).
-            let stride = if TILED {
-                super::TILE_BYTES
-            } else {
-                super::NIBBLE_BYTES
-            };
-            if TILED {
-                // Every 8 tiles (144 bytes), the 3 lines from the first: 1.33 prefetches
-                // per line where one every other tile (36 bytes apart) made 1.78. SmolLM2-135M
-                // `q4_tiled` decode ran 9–20% faster (interleaved rounds, median ratio of
-                // pairs), Qwen2.5-Coder-0.5B's within ±1%; 5 lines every 16 tiles gained
-                // as much on SmolLM2 but lost 8% on Qwen, 2 every 4 gained 6%. (The
-                // first-tile test of 18-byte tiles, `blk·18 mod 64 < 18`, was a multiply, a
-                // compare and an irregular branch per row and group.)
-                if !blk.is_multiple_of(8) {
-                    return;
+            if !TILED {
+                prefetch_nibble_plane::<R>(self.data[i], blk);
+                if blk.is_multiple_of(32) {
+                    let s = self.scales[i].as_ptr();
+                    let at = s.wrapping_add(2 * blk + 2 * R * self.scales[i].len());
+                    _mm_prefetch::<_MM_HINT_T1>(at as *const i8);
                 }
+                return;
+            }
+            // Every 8 tiles (144 bytes), the 3 lines from the first: 1.33 prefetches per
+            // line where one every other tile (36 bytes apart) made 1.78. SmolLM2-135M
+            // `q4_tiled` decode ran 4–21% faster (interleaved rounds, median ratio of
+            // pairs), Qwen2.5-Coder-0.5B's within ±2%; 5 lines every 16 tiles gained as
+            // much on SmolLM2 but lost 8% on Qwen, 2 every 4 gained 6%. (The first-tile
+            // test of 18-byte tiles, `blk·18 mod 64 < 18`, was a multiply, a compare and an
+            // irregular branch per row and group.)
+            if blk.is_multiple_of(8) {
                 for line in 0..3 {
-                    prefetch_ahead::<R>(self.data[i], blk * stride + 64 * line);
+                    prefetch_ahead::<R>(self.data[i], blk * super::TILE_BYTES + 64 * line);
                 }
-                return;
-            }
-            // `q4_block`: one prefetch per 64-byte line, for the first group starting in it.
-            if (blk * stride) % 64 >= stride {
-                return;
-            }
-            prefetch_ahead::<R>(self.data[i], blk * stride);
-            if blk.is_multiple_of(32) {
-                let s = self.scales[i].as_ptr();
-                let at = s.wrapping_add(2 * blk + 2 * R * self.scales[i].len());
-                _mm_prefetch::<_MM_HINT_T1>(at as *const i8);
             }
         }
+
         /// `q4_tiled`: every other tile (36 bytes apart, so no line is skipped), as the
         /// decode prefetch was before its bursts: a packer's 16 rows × 3 lines at once
         /// made 64-token prefill 2% slower on both models.
@@ -1053,10 +1055,7 @@ mod simd {
         /// (Without this, decode waited on every group's load.)
         #[inline(always)]
         unsafe fn prefetch_next(&self, i: usize, blk: usize) {
-            if (blk * super::NIBBLE_BYTES) % 64 >= super::NIBBLE_BYTES {
-                return;
-            }
-            prefetch_ahead::<R>(self.nib[i], blk * super::NIBBLE_BYTES);
+            prefetch_nibble_plane::<R>(self.nib[i], blk);
         }
     }
 
