@@ -631,11 +631,18 @@ mod simd {
             return;
         }
         if n <= 8 {
+            // Always 8 slots, those past `n` re-reading entry `n − 1` with a correction
+            // of 0: the loop no longer ends at the row's entry count, which varies from
+            // row to row and was mispredicted at nearly every row's end (Qwen2.5-0.5B
+            // decode +3.5%). A padding slot adds `0·x` to a sum that already holds
+            // `delta·x` of the same `x`: only a non-finite `x` tells, ±∞ becoming NaN.
+            // (Written as `e.min(n − 1)` the index compiled to slower code: −4%.)
             let mut c = [0f32; T];
-            for e in 0..n {
+            for e in 0..8 {
+                let i = if e < n { e } else { n - 1 };
                 let col =
-                    u16::from_le_bytes([*ent.get_unchecked(4 * e), *ent.get_unchecked(4 * e + 1)]);
-                let dl = *delta.get_unchecked(e);
+                    u16::from_le_bytes([*ent.get_unchecked(4 * i), *ent.get_unchecked(4 * i + 1)]);
+                let dl = if e < n { *delta.get_unchecked(i) } else { 0.0 };
                 for (c, x) in c.iter_mut().zip(xs) {
                     *c += dl * x.at(col as usize);
                 }
