@@ -201,19 +201,9 @@ impl<const R: usize> RowsScalar for DecodedRows<'_, R> {
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::kernel::{RowsAvx2, RowsAvx512, STEP};
+    use super::super::kernel::{prefetch_ahead, RowsAvx2, RowsAvx512, STEP};
     use super::{DecodedRows, FloatRows, HalfRows};
     use std::arch::x86_64::*;
-
-    /// Asks L2 for `lines` cache lines from byte `at` of the row `2·R` rows after `row`:
-    /// the rows of a float payload are contiguous and equally long.
-    #[inline(always)]
-    unsafe fn prefetch_ahead<const R: usize>(row: &[u8], at: usize, lines: usize) {
-        let p = row.as_ptr().wrapping_add(at + 2 * R * row.len());
-        for l in 0..lines {
-            _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * l) as *const i8);
-        }
-    }
 
     impl<const R: usize> RowsAvx2 for FloatRows<'_, R, 4> {
         /// As for [`HalfRows`]: a group of 32 floats is two lines.

@@ -539,10 +539,10 @@ mod simd {
             if blk % 2 == 1 {
                 return;
             }
+            // The row without its `SLACK`: rows are that far apart.
             let tiles = self.tiles.get_unchecked(i);
-            let row = tiles.len() - SLACK;
-            let p = tiles.as_ptr().wrapping_add(blk * Q1T_TILE + 2 * R * row);
-            _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
+            let row = tiles.get_unchecked(..tiles.len() - SLACK);
+            kernel::prefetch_ahead::<R>(row, blk * Q1T_TILE, 1);
         }
     }
 

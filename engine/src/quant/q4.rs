@@ -727,7 +727,9 @@ impl<const R: usize> IntRowsScalar for Q4tpRows<'_, R> {
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::kernel::{h2f, pair_vector, IntRowsSimd, RowsAvx2, RowsAvx512};
+    use super::super::kernel::{
+        h2f, pair_vector, prefetch_ahead, IntRowsSimd, RowsAvx2, RowsAvx512,
+    };
     use super::{Q4Rows, Q4tpRows};
     use std::arch::x86_64::*;
 
@@ -809,17 +811,6 @@ mod simd {
         _mm512_and_si512(nib, _mm512_set1_epi8(0x0F))
     }
 
-    /// Prefetches byte `at` of the row `2·R` rows after `row` (rows are contiguous within
-    /// a task: that is the row block after next).
-    ///
-    /// # Safety
-    /// SSE (a prefetch never faults).
-    #[inline(always)]
-    unsafe fn prefetch_ahead<const R: usize>(row: &[u8], at: usize) {
-        let p = row.as_ptr().wrapping_add(at + 2 * R * row.len());
-        _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
-    }
-
     /// The prefetch of a nibble plane (`q4_block`, `q4tp`: 16 bytes a group, four to a
     /// line): one per 64-byte line, at the first group starting in it.
     ///
@@ -828,7 +819,7 @@ mod simd {
     #[inline(always)]
     unsafe fn prefetch_nibble_plane<const R: usize>(nib: &[u8], blk: usize) {
         if (blk * super::NIBBLE_BYTES).is_multiple_of(64) {
-            prefetch_ahead::<R>(nib, blk * super::NIBBLE_BYTES);
+            prefetch_ahead::<R>(nib, blk * super::NIBBLE_BYTES, 1);
         }
     }
 
@@ -853,9 +844,7 @@ mod simd {
             if !TILED {
                 prefetch_nibble_plane::<R>(self.data[i], blk);
                 if blk.is_multiple_of(32) {
-                    let s = self.scales[i].as_ptr();
-                    let at = s.wrapping_add(2 * blk + 2 * R * self.scales[i].len());
-                    _mm_prefetch::<_MM_HINT_T1>(at as *const i8);
+                    prefetch_ahead::<R>(self.scales[i], 2 * blk, 1);
                 }
                 return;
             }
@@ -867,9 +856,7 @@ mod simd {
             // test of 18-byte tiles, `blk·18 mod 64 < 18`, was a multiply, a compare and an
             // irregular branch per row and group.)
             if blk.is_multiple_of(8) {
-                for line in 0..3 {
-                    prefetch_ahead::<R>(self.data[i], blk * super::TILE_BYTES + 64 * line);
-                }
+                prefetch_ahead::<R>(self.data[i], blk * super::TILE_BYTES, 3);
             }
         }
 
@@ -884,7 +871,7 @@ mod simd {
             if blk % 2 == 1 {
                 return;
             }
-            prefetch_ahead::<R>(self.data[i], blk * super::TILE_BYTES);
+            prefetch_ahead::<R>(self.data[i], blk * super::TILE_BYTES, 1);
         }
 
         #[inline(always)]
