@@ -40,7 +40,17 @@
 //!   shared kernels do, `(dot << SPLIT_SHIFT) + dot₂`, exact in integers (a lane sums 20
 //!   codes: below 2²⁰). The digit lookups, the loads of the weights and the scales are
 //!   shared, so the second level costs five multiply-adds and loads per token and step.
-//!   Elsewhere (AVX2, scalar, AVX-512 without VBMI/VNNI) the codes are extracted as
+//!   At the AVX2 level the same layout runs in halves: 4 tiles per 32-byte vector (two
+//!   16-byte loads, one `vpshufb`), the digits found without a multiply or a 128-entry
+//!   table (`vpshufb` looks up 16): `r = b mod 81`, `r mod 27`, `r mod 9` by pairs of
+//!   unsigned `min(x, x − k)`, each digit looked up from the low nibble of the multiple
+//!   subtracted (`dm2_digits`, 21 operations per 160 digits), then five `vpmaddubsw` per
+//!   level into int16 and one `vpmaddwd`. Balanced tokens have one scale, applied per
+//!   row at the end, and the two levels' `−Σx` come combined. Measured against the
+//!   shared integer kernel it replaced (paired, `CORTIQ_SIMD=avx2` on the Zen 5 VM):
+//!   Qwen2.5-0.5B decode 1.18×, SmolLM2 1.10×; two rows sharing the activation loads
+//!   ran 0.95 and 0.90 (16 vector registers: the second row's digits spill).
+//!   Elsewhere (scalar, AVX-512 without VBMI/VNNI) the codes are extracted as
 //!   int8 by the multiplies above and run through the shared integer kernel, which
 //!   handles both levels itself. Its AVX2 two-level loop takes int16 codes, which come
 //!   from one multiply and two compares per 16 (`codes_i16`): Zen 2 has one vector
@@ -881,6 +891,9 @@ mod simd {
     pub(super) struct DmTok {
         pub x: [*const i8; 2],
         pub c: [*const i32; 2],
+        /// With the residual level, the lanes' `(c₀ << SPLIT_SHIFT) + c₁` (the AVX2
+        /// kernel's start; else `c[0]` again, never read).
+        pub cs: *const i32,
         pub d: *const f32,
         /// The token's dequantized activations, which the overlay multiplies.
         pub xf: *const f32,
@@ -1081,6 +1094,25 @@ mod simd {
         }
     }
 
+    /// The rows' first tiles, with their overlays' entries and corrections prefetched
+    /// [`OVERLAY_AHEAD`] on (both digit-major kernels start a row so).
+    #[inline(always)]
+    unsafe fn row_starts<const N: usize>(
+        tiles: [&[u8]; N],
+        groups: usize,
+        ov: &[(&[u8], &[f32]); N],
+    ) -> [*const u8; N] {
+        for (ent, delta) in ov {
+            // A prefetch never faults: the addresses may lie past the payload.
+            _mm_prefetch::<_MM_HINT_T0>(ent.as_ptr().wrapping_add(OVERLAY_AHEAD) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(delta.as_ptr().wrapping_add(OVERLAY_AHEAD / 4) as *const i8);
+        }
+        std::array::from_fn(|r| {
+            debug_assert!(tiles[r].len() >= groups * Q1T_TILE);
+            tiles[r].as_ptr()
+        })
+    }
+
     /// `Σ code·x` over `N` rows' tiles (`groups` of them each), plus their overlays `ov`,
     /// for `T` tokens.
     #[inline(always)]
@@ -1091,16 +1123,8 @@ mod simd {
         toks: &[DmTok; T],
         ov: [(&[u8], &[f32]); N],
     ) -> [[f32; T]; N] {
-        let ps: [*const u8; N] = std::array::from_fn(|r| {
-            debug_assert!(tiles[r].len() >= groups * Q1T_TILE);
-            tiles[r].as_ptr()
-        });
+        let ps = row_starts(tiles, groups, &ov);
         let mut acc = [[_mm512_setzero_ps(); T]; N];
-        for (ent, delta) in ov {
-            // A prefetch never faults: the addresses may lie past the payload.
-            _mm_prefetch::<_MM_HINT_T0>(ent.as_ptr().wrapping_add(OVERLAY_AHEAD) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(delta.as_ptr().wrapping_add(OVERLAY_AHEAD / 4) as *const i8);
-        }
         let full = groups / DM_TILES;
         let step_bytes = DM_TILES * Q1T_TILE;
         for s in 0..full {
@@ -1210,6 +1234,421 @@ mod simd {
     ) {
         cx.tiles(&DmTile { k: dm_const(), dm }, outs, toks, put);
     }
+
+    // ---- the digit-major kernel on AVX2 ----------------------------------------------------
+
+    /// Tiles per AVX2 half step: 4 × 7 code bytes in a 32-byte vector (half a
+    /// [`DM_TILES`] step of [`DmActs`], whose planes' lanes `0..32` or `32..64` it reads).
+    const DM2_TILES: usize = DM_TILES / 2;
+    /// Code bytes of a half step: a tile's 7 in bytes `8·i..8·i + 7` of its 128-bit lane
+    /// (two tiles a lane, loaded 16 bytes from the first tile's codes: its 7, the second's
+    /// scale, the second's 7); byte `8·i + 7` repeats the first and meets a zero activation.
+    static DM2_CODE: [u8; 32] = {
+        let mut t = [0u8; 32];
+        let mut i = 0;
+        while i < 32 {
+            let (tile, j) = ((i % 16) / 8, i % 8);
+            t[i] = (9 * tile + if j < 7 { j } else { 0 }) as u8;
+            i += 1;
+        }
+        t
+    };
+    /// f16 words `[s₀ s₀ s₁ s₁]` in 128-bit lane 0 and `[s₂ s₂ s₃ s₃]` in lane 1 of the
+    /// 32 bytes from a half step's start (scales at bytes 0, 9 | 18, 27, i.e. lane 1's 2, 11).
+    static DM2_SCALE: [u8; 32] = {
+        let mut t = [0x80u8; 32];
+        let mut w = 0;
+        while w < 8 {
+            let (lane, tile) = (w / 4, (w % 4) / 2);
+            let at = 9 * tile + 2 * lane;
+            t[16 * lane + 2 * (w % 4)] = at as u8;
+            t[16 * lane + 2 * (w % 4) + 1] = (at + 1) as u8;
+            w += 1;
+        }
+        t
+    };
+
+    /// `code + 1` of a digit `d` (0 → 1, 1 → 2, 2 → 0).
+    const fn u_of(d: usize) -> u8 {
+        [1, 2, 0][d % 3]
+    }
+
+    /// `vpshufb` tables (both 128-bit lanes) from index `i < 16` to `code + 1`: of digits 0
+    /// and 1 of `r₉ = i`, and of the digit whose multiple `t` has low nibble `i` (`t` =
+    /// digit·3ᵃ for digit 2 (`t ∈ {0, 9, 18}`) and 3 (`{0, 27, 54}`); for digit 4,
+    /// `⌈t/2⌉` of `t ∈ {0, 81, 162, 243}`, the last the non-canonical bytes, digit 0).
+    static DM2_TABLE: [[u8; 32]; 5] = {
+        let mut t = [[0u8; 32]; 5];
+        let mut i = 0;
+        while i < 32 {
+            let r = i % 16;
+            t[0][i] = u_of(r % 3);
+            t[1][i] = u_of((r / 3) % 3);
+            i += 1;
+        }
+        let mut l = 0;
+        while l < 2 {
+            let b = 16 * l;
+            t[2][b] = u_of(0);
+            t[2][b + 9] = u_of(1);
+            t[2][b + 18 % 16] = u_of(2);
+            t[3][b] = u_of(0);
+            t[3][b + 27 % 16] = u_of(1);
+            t[3][b + 54 % 16] = u_of(2);
+            t[4][b] = u_of(0);
+            t[4][b + 41 % 16] = u_of(1);
+            t[4][b + 81 % 16] = u_of(2);
+            t[4][b + 122 % 16] = u_of(3);
+            l += 1;
+        }
+        t
+    };
+
+    /// The AVX2 kernel's constants, loaded once per call.
+    struct Dm2Const {
+        code: __m256i,
+        scale: __m256i,
+        table: [__m256i; 5],
+    }
+
+    #[inline(always)]
+    unsafe fn dm2_const() -> Dm2Const {
+        Dm2Const {
+            code: ld256(&DM2_CODE),
+            scale: ld256(&DM2_SCALE),
+            table: std::array::from_fn(|a| ld256(&DM2_TABLE[a])),
+        }
+    }
+
+    /// `x mod k` for `x < 2k` (bytes): `min(x, x − k)` unsigned, as `x − k` wraps above
+    /// `x` when `x < k`.
+    #[inline(always)]
+    unsafe fn mod_step(x: __m256i, k: i8) -> __m256i {
+        _mm256_min_epu8(x, _mm256_sub_epi8(x, _mm256_set1_epi8(k)))
+    }
+
+    /// The five digit vectors `code + 1 ∈ {0, 1, 2}` of the 32 code bytes `b`, by byte
+    /// compares and 16-entry lookups only (no multiplier: [`codes_i16`] spent two
+    /// multiplies and two compares per 16 codes, this 21 operations per 160 digits).
+    /// `r = b mod 81` by subtracting 162 then 81 where they fit (the non-canonical
+    /// `b ≥ 243` end at `b − 243`), and digit 4 from `t = b − r ∈ {0, 81, 162, 243}`;
+    /// likewise `r₃ = r mod 27` (digit 3), `r₉ = r₃ mod 9` (digit 2), and digits 0 and 1
+    /// from `r₉` directly. Each multiple `t` is looked up by its low nibble (`vpshufb`
+    /// reads 4 bits and zeroes on bit 7), distinct for `{0, 27, 54}` and `{0, 9, 18}`;
+    /// for digit 4 by `⌈t/2⌉ ∈ {0, 41, 81, 122}`, whose bit 7 is clear.
+    #[inline(always)]
+    unsafe fn dm2_digits(k: &Dm2Const, b: __m256i) -> [__m256i; 5] {
+        let r = mod_step(mod_step(b, 162u8 as i8), 81);
+        let t4 = _mm256_avg_epu8(_mm256_sub_epi8(b, r), _mm256_setzero_si256());
+        let r3 = mod_step(mod_step(r, 54), 27);
+        let r9 = mod_step(mod_step(r3, 18), 9);
+        [
+            _mm256_shuffle_epi8(k.table[0], r9),
+            _mm256_shuffle_epi8(k.table[1], r9),
+            _mm256_shuffle_epi8(k.table[2], _mm256_sub_epi8(r3, r9)),
+            _mm256_shuffle_epi8(k.table[3], _mm256_sub_epi8(r, r3)),
+            _mm256_shuffle_epi8(k.table[4], t4),
+        ]
+    }
+
+    /// `Σ (code + 1)·x` per 32-bit lane of half `half` of step `step`, for level `l` of
+    /// token `tk` (without the lanes' `−Σx`). `vpmaddubsw` pairs are at most `2·2·128` and
+    /// five of them `2560`: the int16 sums before `vpmaddwd` are exact.
+    #[inline(always)]
+    unsafe fn dm2_dot(
+        u: &[__m256i; 5],
+        tk: &DmTok,
+        l: usize,
+        (step, half): (usize, usize),
+    ) -> __m256i {
+        let x = tk.x[l].add(step * DM_X + 32 * half);
+        let mut s = _mm256_maddubs_epi16(u[0], _mm256_loadu_si256(x as *const __m256i));
+        for (a, u) in u.iter().enumerate().skip(1) {
+            let xa = _mm256_loadu_si256(x.add(64 * a) as *const __m256i);
+            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*u, xa));
+        }
+        _mm256_madd_epi16(s, _mm256_set1_epi16(1))
+    }
+
+    /// Half `half` of step `step` (`n ≤ 4` tiles at each `ps[r]`, whose next 36 bytes may
+    /// all be read) of `N` rows against `T` tokens; with the residual level when `SPLIT`.
+    /// The scales of tiles past `n` are zeroed: whatever bytes lie there, they add
+    /// `0·Σ code·0`. Split tokens have one scale, applied at the end (`dm2_row`), and their
+    /// lanes' `−Σx` of both levels come combined ([`DmTok::cs`]); else each lane takes its
+    /// group's scale here. Each row sees the operations of a one-row step, in that order.
+    #[inline(always)]
+    unsafe fn dm2_step<const N: usize, const T: usize, const SPLIT: bool>(
+        k: &Dm2Const,
+        ps: [*const u8; N],
+        (step, half, n): (usize, usize, usize),
+        toks: &[DmTok; T],
+        acc: &mut [[__m256; T]; N],
+    ) {
+        let mut us = [[_mm256_setzero_si256(); 5]; N];
+        let mut scales = [_mm256_setzero_ps(); N];
+        for r in 0..N {
+            let p = ps[r];
+            let lo = _mm_loadu_si128(p.add(2) as *const __m128i);
+            let hi = _mm_loadu_si128(p.add(2 + 2 * Q1T_TILE) as *const __m128i);
+            let code = _mm256_shuffle_epi8(_mm256_set_m128i(hi, lo), k.code);
+            let s = _mm256_shuffle_epi8(_mm256_loadu_si256(p as *const __m256i), k.scale);
+            let s = _mm256_permute4x64_epi64::<0b11_01_10_00>(s);
+            scales[r] = _mm256_cvtph_ps(_mm256_castsi256_si128(s));
+            if n < DM2_TILES {
+                let lanes = _mm256_set1_epi32(2 * n as i32);
+                let keep = _mm256_cmpgt_epi32(lanes, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+                scales[r] = _mm256_and_ps(scales[r], _mm256_castsi256_ps(keep));
+            }
+            us[r] = dm2_digits(k, code);
+        }
+        let lanes = step * DM_LANES + 8 * half;
+        for (q, tk) in toks.iter().enumerate() {
+            for r in 0..N {
+                let (dot, f) = if SPLIT {
+                    // As `dm_step`: a lane sums 20 codes, below 2²⁰ after the shift.
+                    let hi = dm2_dot(&us[r], tk, 0, (step, half));
+                    let lo = dm2_dot(&us[r], tk, 1, (step, half));
+                    let c = _mm256_loadu_si256(tk.cs.add(lanes) as *const __m256i);
+                    let dot = _mm256_add_epi32(_mm256_slli_epi32::<{ SPLIT_SHIFT }>(hi), lo);
+                    (_mm256_add_epi32(dot, c), scales[r])
+                } else {
+                    let c = _mm256_loadu_si256(tk.c[0].add(lanes) as *const __m256i);
+                    let dot = _mm256_add_epi32(dm2_dot(&us[r], tk, 0, (step, half)), c);
+                    (
+                        dot,
+                        _mm256_mul_ps(scales[r], _mm256_loadu_ps(tk.d.add(lanes))),
+                    )
+                };
+                acc[r][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), f, acc[r][q]);
+            }
+        }
+    }
+
+    /// `Σ code·x` over `N` rows' tiles (`groups` each, at the start of `tiles[r]`), plus
+    /// their overlays `ov`, for `T` tokens ([`dm_row`] on AVX2), a step's two halves in
+    /// turn. A last half step of fewer than 4 tiles reads on into what follows the row in
+    /// `tiles[r]` (the next row, or `row_ptr`) with those tiles' scales zeroed; where
+    /// fewer than 36 bytes follow (a matrix of a few rows), it runs from a zeroed copy.
+    /// (A copy per row cost SmolLM2, whose 576 columns end in a half step of 2 tiles, 11%
+    /// of its decode.)
+    #[inline(always)]
+    unsafe fn dm2_row<const N: usize, const T: usize, const SPLIT: bool>(
+        k: &Dm2Const,
+        tiles: [&[u8]; N],
+        groups: usize,
+        toks: &[DmTok; T],
+        ov: [(&[u8], &[f32]); N],
+    ) -> [[f32; T]; N] {
+        let ps = row_starts(tiles, groups, &ov);
+        let mut acc = [[_mm256_setzero_ps(); T]; N];
+        let half = DM2_TILES * Q1T_TILE;
+        let full = groups / DM_TILES;
+        for s in 0..full {
+            for p in ps {
+                // Two lines per 72 bytes, as `dm_row`.
+                let ahead = p.wrapping_add(s * 2 * half + TILES_AHEAD);
+                _mm_prefetch::<_MM_HINT_T1>(ahead as *const i8);
+                _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(2 * half - 1) as *const i8);
+            }
+            let at = ps.map(|p| p.add(s * 2 * half));
+            dm2_step::<N, T, SPLIT>(k, at, (s, 0, DM2_TILES), toks, &mut acc);
+            let at = at.map(|p| p.add(half));
+            dm2_step::<N, T, SPLIT>(k, at, (s, 1, DM2_TILES), toks, &mut acc);
+        }
+        // What is left: up to 7 tiles, a whole half step and a partial one.
+        let mut left = groups % DM_TILES;
+        let mut h = 0;
+        while left > 0 {
+            let n = left.min(DM2_TILES);
+            let from = (2 * full + h) * half;
+            if tiles.iter().all(|t| t.len() >= from + half) {
+                let at = ps.map(|p| p.add(from));
+                dm2_step::<N, T, SPLIT>(k, at, (full, h, n), toks, &mut acc);
+            } else {
+                let mut copy = [[0u8; DM2_TILES * Q1T_TILE]; N];
+                for r in 0..N {
+                    let t = tiles[r].get_unchecked(from..from + n * Q1T_TILE);
+                    copy[r][..n * Q1T_TILE].copy_from_slice(t);
+                }
+                let at: [*const u8; N] = std::array::from_fn(|r| copy[r].as_ptr());
+                dm2_step::<N, T, SPLIT>(k, at, (full, h, n), toks, &mut acc);
+            }
+            left -= n;
+            h += 1;
+        }
+        let mut out = [[0f32; T]; N];
+        for r in 0..N {
+            for ((o, a), tk) in out[r].iter_mut().zip(&acc[r]).zip(toks) {
+                let base = if SPLIT {
+                    hsum256(*a) * *tk.d
+                } else {
+                    hsum256(*a)
+                };
+                *o = base + overlay_scalar(ov[r].0, ov[r].1, tk);
+            }
+        }
+        out
+    }
+
+    /// The sum of 8 lanes, in a fixed order.
+    #[inline(always)]
+    unsafe fn hsum256(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+
+    /// One row's overlay `Σ delta·x[col]` for token `tk` (its dequantized activations), in
+    /// [`overlay`]'s order: up to 8 entries in fixed slots, more one by one.
+    #[inline(always)]
+    unsafe fn overlay_scalar(ent: &[u8], delta: &[f32], tk: &DmTok) -> f32 {
+        let n = delta.len();
+        let col = |i: usize| {
+            u16::from_le_bytes([*ent.get_unchecked(4 * i), *ent.get_unchecked(4 * i + 1)]) as usize
+        };
+        let mut c = 0f32;
+        if n == 0 {
+            return c;
+        }
+        if n <= 8 {
+            // As `overlay`: padding slots re-read entry `n − 1` with a correction of 0.
+            for e in 0..8 {
+                let i = if e < n { e } else { n - 1 };
+                let dl = if e < n { *delta.get_unchecked(i) } else { 0.0 };
+                c += dl * *tk.xf.add(col(i));
+            }
+            return c;
+        }
+        for (i, dl) in delta.iter().enumerate() {
+            c += dl * *tk.xf.add(col(i));
+        }
+        c
+    }
+
+    /// Lays out one level's codes digit-major ([`DmLevel::push_scalar`]'s layout) on AVX2:
+    /// per group, two planes per 128-bit lane by byte shuffles of its low and high 16
+    /// codes, and the lanes' `−Σx`.
+    ///
+    /// # Safety
+    /// AVX2; as [`dm_push`].
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn dm_push_avx2(x: &mut [i8], c: &mut [i32], groups: usize, codes: &[i8]) {
+        let steps = groups.div_ceil(DM_TILES);
+        assert!(x.len() >= steps * DM_X && c.len() >= steps * DM_LANES);
+        assert_eq!(codes.len(), groups * STEP);
+        let ctl: [[__m256i; 2]; 2] =
+            std::array::from_fn(|v| std::array::from_fn(|h| ld256(&DM2_PUSH[v][h])));
+        for (g, q) in codes.chunks_exact(STEP).enumerate() {
+            let v = _mm256_loadu_si256(q.as_ptr() as *const __m256i);
+            let lo = _mm256_permute2x128_si256::<0x00>(v, v);
+            let hi = _mm256_permute2x128_si256::<0x11>(v, v);
+            let planes: [__m256i; 2] = std::array::from_fn(|w| {
+                _mm256_or_si256(
+                    _mm256_shuffle_epi8(lo, ctl[w][0]),
+                    _mm256_shuffle_epi8(hi, ctl[w][1]),
+                )
+            });
+            let at = x
+                .as_mut_ptr()
+                .add((g / DM_TILES) * DM_X + 8 * (g % DM_TILES));
+            let (p01, p23) = (
+                _mm256_castsi256_si128(planes[0]),
+                _mm256_extracti128_si256::<1>(planes[0]),
+            );
+            _mm_storel_epi64(at as *mut __m128i, p01);
+            _mm_storel_epi64(at.add(64) as *mut __m128i, _mm_unpackhi_epi64(p01, p01));
+            _mm_storel_epi64(at.add(128) as *mut __m128i, p23);
+            _mm_storel_epi64(at.add(192) as *mut __m128i, _mm_unpackhi_epi64(p23, p23));
+            _mm_storel_epi64(
+                at.add(256) as *mut __m128i,
+                _mm256_castsi256_si128(planes[1]),
+            );
+            let lanes = (g / DM_TILES) * DM_LANES + 2 * (g % DM_TILES);
+            let sum = |r: Range<usize>| -q[r].iter().map(|&v| i32::from(v)).sum::<i32>();
+            c[lanes] = sum(0..20);
+            c[lanes + 1] = sum(20..STEP);
+        }
+    }
+
+    /// [`dm_push_avx2`]'s shuffles: `[v][h]` reads the low (`h = 0`) or high 16 codes of a
+    /// group into vector `v` (`v = 0`: planes 0, 1 | 2, 3 by 128-bit lane; `v = 1`: plane
+    /// 4 in lane 0). Byte `8·p + j` of a lane takes code `5j + a` (`a` the plane) when it
+    /// is one of the group's 32 and in that half; else `0x80` (zero).
+    static DM2_PUSH: [[[u8; 32]; 2]; 2] = {
+        let mut t = [[[0x80u8; 32]; 2]; 2];
+        let mut v = 0;
+        while v < 2 {
+            let mut h = 0;
+            while h < 2 {
+                let mut i = 0;
+                while i < 32 {
+                    let a = 4 * v + 2 * (i / 16) + (i % 16) / 8;
+                    let code = 5 * (i % 8) + a;
+                    if a < 5 && i % 8 < 7 && code < STEP && code / 16 == h {
+                        t[v][h][i] = (code % 16) as u8;
+                    }
+                    i += 1;
+                }
+                h += 1;
+            }
+            v += 1;
+        }
+        t
+    };
+
+    /// The AVX2 digit-major kernel's tiles ([`DmTile`] on AVX2). Built only by
+    /// [`dm2_block`].
+    struct Dm2Tile<'a> {
+        k: Dm2Const,
+        dm: &'a DmActs,
+    }
+
+    impl Tile for Dm2Tile<'_> {
+        #[inline(always)]
+        fn tile<P: FnMut(usize, usize, f32), const R: usize, const T: usize>(
+            &self,
+            cx: &Q1tProduct,
+            o: usize,
+            j: usize,
+            put: &mut P,
+        ) {
+            let ts: [DmTok; T] = std::array::from_fn(|q| self.dm.token(j + q));
+            let groups = cx.g.cols / STEP;
+            let rb = groups * Q1T_TILE;
+            let rows = cx.rows::<R>(o);
+            let mut out = [[0f32; T]; R];
+            for (i, &r) in rows.iter().enumerate() {
+                // The row and all that follows it (see `dm2_row`'s tail).
+                let tiles = [&cx.bytes[r * rb..]];
+                let ov = [cx.ov.row(cx.bytes, r)];
+                // SAFETY: a `Dm2Tile` exists only inside `dm2_block`, whose caller checked
+                // AVX2 and built `dm` from all tokens.
+                out[i] = unsafe {
+                    if self.dm.split {
+                        dm2_row::<1, T, true>(&self.k, tiles, groups, &ts, ov)[0]
+                    } else {
+                        dm2_row::<1, T, false>(&self.k, tiles, groups, &ts, ov)[0]
+                    }
+                };
+            }
+            put_tile(o, j, &out, put);
+        }
+    }
+
+    /// [`dm_block`] on AVX2 ([`Kernel::Avx2`]).
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C; `dm` holds all `cx.t` tokens; the payload is validated.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dm2_block<P: FnMut(usize, usize, f32)>(
+        cx: &Q1tProduct,
+        dm: &DmActs,
+        outs: Range<usize>,
+        toks: Range<usize>,
+        put: &mut P,
+    ) {
+        cx.tiles(&Dm2Tile { k: dm2_const(), dm }, outs, toks, put);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -1228,7 +1667,7 @@ const DM_LANES: usize = 16;
 
 // ---- digit-major activations -------------------------------------------------------------
 
-/// Quantized activations in the digit-major order of the AVX-512 integer kernel, with the
+/// Quantized activations in the digit-major order of the integer kernels (AVX-512, AVX2), with the
 /// activations they were built from (the key: a product over the same activations reuses
 /// them) and those dequantized, which the overlay reads. Per level ([`DmLevel`]: the codes, and
 /// under `Balanced` their residual) and per token and step of 8 groups: `x[5][64]` and
@@ -1244,6 +1683,9 @@ struct DmActs {
     /// Whether level 1 (the residual codes) is filled.
     split: bool,
     levels: [DmLevel; 2],
+    /// Under `Balanced`, per token and step the lanes' `c` of both levels combined,
+    /// `(c₀ << SPLIT_SHIFT) + c₁`, for the AVX2 kernel.
+    cs: Vec<i32>,
     d: Vec<f32>,
 }
 
@@ -1280,17 +1722,25 @@ impl DmLevel {
         self.key.get(at..at + n) == Some(codes)
     }
 
-    /// Appends token `j`'s codes (`groups` groups) and lays them out digit-major (with
-    /// byte permutes where the digit-major kernel runs, else [`DmLevel::push_scalar`]).
-    fn push(&mut self, j: usize, groups: usize, steps: usize, codes: &[i8]) {
+    /// Appends token `j`'s codes (`groups` groups) and lays them out digit-major, with the
+    /// byte permutes of kernel `k`'s level (scalar: [`DmLevel::push_scalar`]).
+    fn push(&mut self, k: Kernel, j: usize, groups: usize, steps: usize, codes: &[i8]) {
         self.key.extend_from_slice(codes);
         #[cfg(target_arch = "x86_64")]
-        if dm_available() {
+        if k != Kernel::Scalar {
             let x = &mut self.x[j * steps * DM_X..(j + 1) * steps * DM_X];
             let c = &mut self.c[j * steps * DM_LANES..(j + 1) * steps * DM_LANES];
-            // SAFETY: `dm_available()` (AVX-512 VBMI, VNNI, F/BW); the slices are one
-            // token's `steps` steps, and `codes` holds `groups ≤ 8·steps` groups.
-            return unsafe { simd::dm_push(x, c, groups, &codes[..groups * STEP]) };
+            let codes = &codes[..groups * STEP];
+            // SAFETY: `dm_available()` (AVX-512 VBMI, VNNI, F/BW), else AVX2 (every level
+            // above scalar has it); the slices are one token's `steps` steps, and `codes`
+            // holds `groups ≤ 8·steps` groups.
+            return unsafe {
+                if k == Kernel::Avx512 && dm_available() {
+                    simd::dm_push(x, c, groups, codes)
+                } else {
+                    simd::dm_push_avx2(x, c, groups, codes)
+                }
+            };
         }
         self.push_scalar(j, groups, steps, codes);
     }
@@ -1324,6 +1774,8 @@ impl DmActs {
             .reserve((t * groups * STEP).saturating_sub(self.xf.len()));
         self.d
             .reserve((t * steps * DM_LANES).saturating_sub(self.d.len()));
+        self.cs
+            .reserve((t * steps * DM_LANES).saturating_sub(self.cs.len()));
     }
 
     /// Rebuilds from tokens `0..t` of `qa` (`groups` groups each) unless they are what it
@@ -1359,15 +1811,21 @@ impl DmActs {
         for j in 0..t {
             let tk = qa.token(j);
             self.key_d.extend_from_slice(tk.d);
-            self.levels[0].push(j, groups, steps, tk.q);
+            self.levels[0].push(k, j, groups, steps, tk.q);
             if split {
-                self.levels[1].push(j, groups, steps, tk.q2);
+                self.levels[1].push(k, j, groups, steps, tk.q2);
             }
             for (g, &d) in tk.d.iter().enumerate() {
                 let at = (j * steps + g / DM_TILES) * DM_LANES + 2 * (g % DM_TILES);
                 self.d[at..at + 2].fill(d);
             }
             dequantize(k, &tk, &mut self.xf[j * n..(j + 1) * n]);
+        }
+        self.cs.clear();
+        if split {
+            let (c0, c1) = (&self.levels[0].c, &self.levels[1].c);
+            let combined = c0.iter().zip(c1).map(|(&a, &b)| (a << SPLIT_SHIFT) + b);
+            self.cs.extend(combined);
         }
     }
 
@@ -1379,6 +1837,11 @@ impl DmActs {
         DmTok {
             x: [l0.x[s * DM_X..].as_ptr(), l1.x[s * DM_X..].as_ptr()],
             c: [l0.c[s * DM_LANES..].as_ptr(), l1.c[s * DM_LANES..].as_ptr()],
+            cs: if self.split {
+                self.cs[s * DM_LANES..].as_ptr()
+            } else {
+                l0.c[s * DM_LANES..].as_ptr()
+            },
             d: self.d[s * DM_LANES..].as_ptr(),
             xf: self.xf[j * self.groups * STEP..].as_ptr(),
         }
@@ -1439,9 +1902,11 @@ impl Q1tProduct<'_> {
         self.sel.map_or(o, |s| s[o] as usize)
     }
 
-    /// Whether quantized activations go to the digit-major kernel.
+    /// Whether quantized activations go to a digit-major kernel: on AVX-512 with VBMI and
+    /// VNNI, and at the AVX2 level. (AVX-512 without them keeps the shared integer
+    /// kernels, not measured against the AVX2 one.)
     fn uses_dm(&self) -> bool {
-        self.k == Kernel::Avx512 && dm_available()
+        (self.k == Kernel::Avx512 && dm_available()) || self.k == Kernel::Avx2
     }
 
     /// Outputs `outs` × tokens `toks`; `put(output, token, value)`. `deq`: the one token's
@@ -1561,9 +2026,16 @@ impl Q1tProduct<'_> {
         let groups = self.g.cols / STEP;
         let mut run = |dm: &mut DmActs| {
             dm.refresh(self.k, qa, self.t, groups);
-            // SAFETY: `dm_available()` (checked by `block`); `dm` was just built from all
-            // `t` tokens of `qa`; rows come from a validated payload.
-            unsafe { simd::dm_block(self, dm, outs.clone(), toks.clone(), put) }
+            // SAFETY: `uses_dm()` (checked by `block`): AVX-512 VBMI + VNNI for
+            // `Kernel::Avx512`, else AVX2 (`Kernel::Avx2` is detected); `dm` was just
+            // built from all `t` tokens of `qa`; rows come from a validated payload.
+            unsafe {
+                if self.k == Kernel::Avx512 {
+                    simd::dm_block(self, dm, outs.clone(), toks.clone(), put)
+                } else {
+                    simd::dm2_block(self, dm, outs.clone(), toks.clone(), put)
+                }
+            }
         };
         DM.with(|cell| match cell.try_borrow_mut() {
             Ok(mut dm) => run(&mut dm),
@@ -1811,29 +2283,35 @@ pub(crate) fn matmul(cx: &Q1tProduct, y: &mut [f32]) {
 mod tests {
     use super::*;
 
-    /// The permuted digit-major layout equals the one-code-at-a-time one, for whole and
-    /// partial steps, codes over the whole i8 range, two tokens in a row.
+    /// The permuted digit-major layouts (AVX-512 VBMI, AVX2) equal the one-code-at-a-time
+    /// one, for whole and partial steps, codes over the whole i8 range, two tokens in a row.
     #[test]
     fn digit_major_push_equals_the_scalar_layout() {
-        if !dm_available() {
-            eprintln!("no AVX-512 VBMI + VNNI on this CPU: only the scalar layout runs");
-            return;
-        }
+        let levels: Vec<Kernel> = Kernel::available()
+            .into_iter()
+            .filter(|&k| k != Kernel::Scalar && (k != Kernel::Avx512 || dm_available()))
+            .collect();
+        assert!(
+            levels.contains(&Kernel::Avx2) || !cfg!(target_arch = "x86_64"),
+            "the tests need an x86-64 CPU with AVX2"
+        );
         let mut rng = crate::synth::Rng::new(7);
-        for groups in [1usize, 3, 7, 8, 9, 17, 28, 152] {
-            let steps = groups.div_ceil(DM_TILES);
-            let (mut fast, mut slow) = (DmLevel::default(), DmLevel::default());
-            fast.reset(2, steps);
-            slow.reset(2, steps);
-            for j in 0..2 {
-                let codes: Vec<i8> = (0..groups * STEP).map(|_| rng.next_u64() as i8).collect();
-                fast.push(j, groups, steps, &codes);
-                slow.key.extend_from_slice(&codes);
-                slow.push_scalar(j, groups, steps, &codes);
+        for k in levels {
+            for groups in [1usize, 3, 7, 8, 9, 17, 28, 152] {
+                let steps = groups.div_ceil(DM_TILES);
+                let (mut fast, mut slow) = (DmLevel::default(), DmLevel::default());
+                fast.reset(2, steps);
+                slow.reset(2, steps);
+                for j in 0..2 {
+                    let codes: Vec<i8> = (0..groups * STEP).map(|_| rng.next_u64() as i8).collect();
+                    fast.push(k, j, groups, steps, &codes);
+                    slow.key.extend_from_slice(&codes);
+                    slow.push_scalar(j, groups, steps, &codes);
+                }
+                assert_eq!(fast.x, slow.x, "{k:?} {groups} groups: codes");
+                assert_eq!(fast.c, slow.c, "{k:?} {groups} groups: lane sums");
+                assert_eq!(fast.key, slow.key, "{k:?} {groups} groups: key");
             }
-            assert_eq!(fast.x, slow.x, "{groups} groups: codes");
-            assert_eq!(fast.c, slow.c, "{groups} groups: lane sums");
-            assert_eq!(fast.key, slow.key, "{groups} groups: key");
         }
     }
 }
