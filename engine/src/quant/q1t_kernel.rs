@@ -1724,6 +1724,7 @@ impl DmLevel {
 
     /// Appends token `j`'s codes (`groups` groups) and lays them out digit-major, with the
     /// byte permutes of kernel `k`'s level (scalar: [`DmLevel::push_scalar`]).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn push(&mut self, k: Kernel, j: usize, groups: usize, steps: usize, codes: &[i8]) {
         self.key.extend_from_slice(codes);
         #[cfg(target_arch = "x86_64")]
