@@ -592,11 +592,22 @@ mod simd {
     /// methods, not a closure: a closure body is a function of its own, without the
     /// caller's target features, and its intrinsics would become calls if it were not
     /// inlined.)
-    trait Gather {
-        /// The activations at columns `cols` (lanes of `k`; the others 0).
-        unsafe fn gather(&self, cols: __m512i, k: __mmask16) -> __m512;
+    trait ColAt {
         /// The activation at column `col`.
         unsafe fn at(&self, col: usize) -> f32;
+    }
+
+    /// [`ColAt`] 16 columns at a time (AVX-512).
+    trait Gather: ColAt {
+        /// The activations at columns `cols` (lanes of `k`; the others 0).
+        unsafe fn gather(&self, cols: __m512i, k: __mmask16) -> __m512;
+    }
+
+    impl ColAt for &[f32] {
+        #[inline(always)]
+        unsafe fn at(&self, col: usize) -> f32 {
+            *self.get_unchecked(col)
+        }
     }
 
     impl Gather for &[f32] {
@@ -604,25 +615,55 @@ mod simd {
         unsafe fn gather(&self, cols: __m512i, k: __mmask16) -> __m512 {
             _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), k, cols, self.as_ptr())
         }
-        #[inline(always)]
-        unsafe fn at(&self, col: usize) -> f32 {
-            *self.get_unchecked(col)
-        }
     }
 
     /// The dequantized activations (`q·d`, `(256·q + q₂)·d` with the residual level), as
     /// [`ActAt`] computes them, built once per token in [`DmActs::refresh`]: one gather
     /// per 16 entries instead of three (codes, residuals, scales).
-    impl Gather for DmTok {
+    impl ColAt for DmTok {
         #[inline(always)]
         unsafe fn at(&self, col: usize) -> f32 {
             *self.xf.add(col)
         }
+    }
 
+    impl Gather for DmTok {
         #[inline(always)]
         unsafe fn gather(&self, cols: __m512i, k: __mmask16) -> __m512 {
             _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), k, cols, self.xf)
         }
+    }
+
+    /// One row's overlay, `Σ delta·x[col]` over its entries `ent` (`[u16 col][f16]` each)
+    /// with corrections `delta`, for each token `xs[j]`, one entry at a time in file
+    /// order. Up to 8 entries run in 8 fixed slots, those past `n` re-reading entry
+    /// `n − 1` with a correction of 0: the loop no longer ends at the row's entry count,
+    /// which varies from row to row and was mispredicted at nearly every row's end
+    /// (Qwen2.5-0.5B decode +3.5%). A padding slot adds `0·x` to a sum that already holds
+    /// `delta·x` of the same `x`: only a non-finite `x` tells, ±∞ becoming NaN. (Written
+    /// as `e.min(n − 1)` the index compiled to slower code: −4%.)
+    #[inline(always)]
+    unsafe fn overlay_sums<X: ColAt, const T: usize>(
+        ent: &[u8],
+        delta: &[f32],
+        xs: &[X; T],
+    ) -> [f32; T] {
+        let n = delta.len();
+        let mut c = [0f32; T];
+        if n == 0 {
+            return c;
+        }
+        let slots = if n <= 8 { 8 } else { n };
+        for e in 0..slots {
+            let i = if e < n { e } else { n - 1 };
+            let dl = if e < n { *delta.get_unchecked(i) } else { 0.0 };
+            let col =
+                u16::from_le_bytes([*ent.get_unchecked(4 * i), *ent.get_unchecked(4 * i + 1)]);
+            for (c, x) in c.iter_mut().zip(xs) {
+                *c += dl * x.at(col as usize);
+            }
+        }
+        c
     }
 
     /// Adds one row's overlay, `Σ delta·x[col]` over its entries `ent` (`[u16 col][f16]`
@@ -641,22 +682,7 @@ mod simd {
             return;
         }
         if n <= 8 {
-            // Always 8 slots, those past `n` re-reading entry `n − 1` with a correction
-            // of 0: the loop no longer ends at the row's entry count, which varies from
-            // row to row and was mispredicted at nearly every row's end (Qwen2.5-0.5B
-            // decode +3.5%). A padding slot adds `0·x` to a sum that already holds
-            // `delta·x` of the same `x`: only a non-finite `x` tells, ±∞ becoming NaN.
-            // (Written as `e.min(n − 1)` the index compiled to slower code: −4%.)
-            let mut c = [0f32; T];
-            for e in 0..8 {
-                let i = if e < n { e } else { n - 1 };
-                let col =
-                    u16::from_le_bytes([*ent.get_unchecked(4 * i), *ent.get_unchecked(4 * i + 1)]);
-                let dl = if e < n { *delta.get_unchecked(i) } else { 0.0 };
-                for (c, x) in c.iter_mut().zip(xs) {
-                    *c += dl * x.at(col as usize);
-                }
-            }
+            let c = overlay_sums(ent, delta, xs);
             for (a, c) in acc.iter_mut().zip(c) {
                 *a = _mm512_mask_add_ps(*a, 1, *a, _mm512_set1_ps(c));
             }
@@ -1094,6 +1120,17 @@ mod simd {
         }
     }
 
+    /// Asks L2 for step `s`'s tiles of the row at `p` [`TILES_AHEAD`] bytes on (rows are
+    /// contiguous within a task, so that is the stream some rows on): two lines per
+    /// 72-byte step, so that none is skipped.
+    #[inline(always)]
+    unsafe fn prefetch_step(p: *const u8, s: usize) {
+        let step_bytes = DM_TILES * Q1T_TILE;
+        let ahead = p.wrapping_add(s * step_bytes + TILES_AHEAD);
+        _mm_prefetch::<_MM_HINT_T1>(ahead as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(step_bytes - 1) as *const i8);
+    }
+
     /// The rows' first tiles, with their overlays' entries and corrections prefetched
     /// [`OVERLAY_AHEAD`] on (both digit-major kernels start a row so).
     #[inline(always)]
@@ -1129,10 +1166,7 @@ mod simd {
         let step_bytes = DM_TILES * Q1T_TILE;
         for s in 0..full {
             for p in ps {
-                // The stream some rows on (rows are contiguous within a task).
-                let ahead = p.wrapping_add(s * step_bytes + TILES_AHEAD);
-                _mm_prefetch::<_MM_HINT_T1>(ahead as *const i8);
-                _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(step_bytes - 1) as *const i8);
+                prefetch_step(p, s);
             }
             let at = ps.map(|p| p.add(s * step_bytes));
             dm_step::<N, T, SPLIT>(k, at, (!0, 0xFF), s, toks, &mut acc);
@@ -1370,90 +1404,74 @@ mod simd {
         _mm256_madd_epi16(s, _mm256_set1_epi16(1))
     }
 
-    /// Half `half` of step `step` (`n ≤ 4` tiles at each `ps[r]`, whose next 36 bytes may
-    /// all be read) of `N` rows against `T` tokens; with the residual level when `SPLIT`.
-    /// The scales of tiles past `n` are zeroed: whatever bytes lie there, they add
+    /// Half `half` of step `step` (`n ≤ 4` tiles at `p`, whose next 36 bytes may all be
+    /// read) of one row against `T` tokens; with the residual level when `SPLIT`. The
+    /// scales of tiles past `n` are zeroed: whatever bytes lie there, they add
     /// `0·Σ code·0`. Split tokens have one scale, applied at the end (`dm2_row`), and their
     /// lanes' `−Σx` of both levels come combined ([`DmTok::cs`]); else each lane takes its
-    /// group's scale here. Each row sees the operations of a one-row step, in that order.
+    /// group's scale here. (One row per call: two, sharing the activation loads as
+    /// [`dm_step`] does, spilled the 16 registers and ran 0.90–0.95.)
     #[inline(always)]
-    unsafe fn dm2_step<const N: usize, const T: usize, const SPLIT: bool>(
+    unsafe fn dm2_step<const T: usize, const SPLIT: bool>(
         k: &Dm2Const,
-        ps: [*const u8; N],
+        p: *const u8,
         (step, half, n): (usize, usize, usize),
         toks: &[DmTok; T],
-        acc: &mut [[__m256; T]; N],
+        acc: &mut [__m256; T],
     ) {
-        let mut us = [[_mm256_setzero_si256(); 5]; N];
-        let mut scales = [_mm256_setzero_ps(); N];
-        for r in 0..N {
-            let p = ps[r];
-            let lo = _mm_loadu_si128(p.add(2) as *const __m128i);
-            let hi = _mm_loadu_si128(p.add(2 + 2 * Q1T_TILE) as *const __m128i);
-            let code = _mm256_shuffle_epi8(_mm256_set_m128i(hi, lo), k.code);
-            let s = _mm256_shuffle_epi8(_mm256_loadu_si256(p as *const __m256i), k.scale);
-            let s = _mm256_permute4x64_epi64::<0b11_01_10_00>(s);
-            scales[r] = _mm256_cvtph_ps(_mm256_castsi256_si128(s));
-            if n < DM2_TILES {
-                let lanes = _mm256_set1_epi32(2 * n as i32);
-                let keep = _mm256_cmpgt_epi32(lanes, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-                scales[r] = _mm256_and_ps(scales[r], _mm256_castsi256_ps(keep));
-            }
-            us[r] = dm2_digits(k, code);
+        let lo = _mm_loadu_si128(p.add(2) as *const __m128i);
+        let hi = _mm_loadu_si128(p.add(2 + 2 * Q1T_TILE) as *const __m128i);
+        let u = dm2_digits(k, _mm256_shuffle_epi8(_mm256_set_m128i(hi, lo), k.code));
+        let s = _mm256_shuffle_epi8(_mm256_loadu_si256(p as *const __m256i), k.scale);
+        let s = _mm256_permute4x64_epi64::<0b11_01_10_00>(s);
+        let mut scale = _mm256_cvtph_ps(_mm256_castsi256_si128(s));
+        if n < DM2_TILES {
+            let lanes = _mm256_set1_epi32(2 * n as i32);
+            let keep = _mm256_cmpgt_epi32(lanes, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            scale = _mm256_and_ps(scale, _mm256_castsi256_ps(keep));
         }
         let lanes = step * DM_LANES + 8 * half;
-        for (q, tk) in toks.iter().enumerate() {
-            for r in 0..N {
-                let (dot, f) = if SPLIT {
-                    // As `dm_step`: a lane sums 20 codes, below 2²⁰ after the shift.
-                    let hi = dm2_dot(&us[r], tk, 0, (step, half));
-                    let lo = dm2_dot(&us[r], tk, 1, (step, half));
-                    let c = _mm256_loadu_si256(tk.cs.add(lanes) as *const __m256i);
-                    let dot = _mm256_add_epi32(_mm256_slli_epi32::<{ SPLIT_SHIFT }>(hi), lo);
-                    (_mm256_add_epi32(dot, c), scales[r])
-                } else {
-                    let c = _mm256_loadu_si256(tk.c[0].add(lanes) as *const __m256i);
-                    let dot = _mm256_add_epi32(dm2_dot(&us[r], tk, 0, (step, half)), c);
-                    (
-                        dot,
-                        _mm256_mul_ps(scales[r], _mm256_loadu_ps(tk.d.add(lanes))),
-                    )
-                };
-                acc[r][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), f, acc[r][q]);
-            }
+        for (acc, tk) in acc.iter_mut().zip(toks) {
+            let (dot, f) = if SPLIT {
+                // As `dm_step`: a lane sums 20 codes, below 2²⁰ after the shift.
+                let hi = dm2_dot(&u, tk, 0, (step, half));
+                let lo = dm2_dot(&u, tk, 1, (step, half));
+                let c = _mm256_loadu_si256(tk.cs.add(lanes) as *const __m256i);
+                let dot = _mm256_add_epi32(_mm256_slli_epi32::<{ SPLIT_SHIFT }>(hi), lo);
+                (_mm256_add_epi32(dot, c), scale)
+            } else {
+                let c = _mm256_loadu_si256(tk.c[0].add(lanes) as *const __m256i);
+                let dot = _mm256_add_epi32(dm2_dot(&u, tk, 0, (step, half)), c);
+                (dot, _mm256_mul_ps(scale, _mm256_loadu_ps(tk.d.add(lanes))))
+            };
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), f, *acc);
         }
     }
 
-    /// `Σ code·x` over `N` rows' tiles (`groups` each, at the start of `tiles[r]`), plus
-    /// their overlays `ov`, for `T` tokens ([`dm_row`] on AVX2), a step's two halves in
-    /// turn. A last half step of fewer than 4 tiles reads on into what follows the row in
-    /// `tiles[r]` (the next row, or `row_ptr`) with those tiles' scales zeroed; where
-    /// fewer than 36 bytes follow (a matrix of a few rows), it runs from a zeroed copy.
-    /// (A copy per row cost SmolLM2, whose 576 columns end in a half step of 2 tiles, 11%
-    /// of its decode.)
+    /// `Σ code·x` over one row's tiles (`groups` of them, at the start of `tiles`), plus
+    /// its overlay `ov`, for `T` tokens ([`dm_row`] on AVX2), a step's two halves in turn.
+    /// A last half step of fewer than 4 tiles reads on into what follows the row in
+    /// `tiles` (the next row, or `row_ptr`) with those tiles' scales zeroed; where fewer
+    /// than 36 bytes follow (a matrix of a few rows), it runs from a zeroed copy. (A copy
+    /// per row cost SmolLM2, whose 576 columns end in a half step of 2 tiles, 11% of its
+    /// decode.)
     #[inline(always)]
-    unsafe fn dm2_row<const N: usize, const T: usize, const SPLIT: bool>(
+    unsafe fn dm2_row<const T: usize, const SPLIT: bool>(
         k: &Dm2Const,
-        tiles: [&[u8]; N],
+        tiles: &[u8],
         groups: usize,
         toks: &[DmTok; T],
-        ov: [(&[u8], &[f32]); N],
-    ) -> [[f32; T]; N] {
-        let ps = row_starts(tiles, groups, &ov);
-        let mut acc = [[_mm256_setzero_ps(); T]; N];
+        ov: (&[u8], &[f32]),
+    ) -> [f32; T] {
+        let [p] = row_starts([tiles], groups, &[ov]);
+        let mut acc = [_mm256_setzero_ps(); T];
         let half = DM2_TILES * Q1T_TILE;
         let full = groups / DM_TILES;
         for s in 0..full {
-            for p in ps {
-                // Two lines per 72 bytes, as `dm_row`.
-                let ahead = p.wrapping_add(s * 2 * half + TILES_AHEAD);
-                _mm_prefetch::<_MM_HINT_T1>(ahead as *const i8);
-                _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(2 * half - 1) as *const i8);
-            }
-            let at = ps.map(|p| p.add(s * 2 * half));
-            dm2_step::<N, T, SPLIT>(k, at, (s, 0, DM2_TILES), toks, &mut acc);
-            let at = at.map(|p| p.add(half));
-            dm2_step::<N, T, SPLIT>(k, at, (s, 1, DM2_TILES), toks, &mut acc);
+            prefetch_step(p, s);
+            let at = p.add(s * 2 * half);
+            dm2_step::<T, SPLIT>(k, at, (s, 0, DM2_TILES), toks, &mut acc);
+            dm2_step::<T, SPLIT>(k, at.add(half), (s, 1, DM2_TILES), toks, &mut acc);
         }
         // What is left: up to 7 tiles, a whole half step and a partial one.
         let mut left = groups % DM_TILES;
@@ -1461,31 +1479,25 @@ mod simd {
         while left > 0 {
             let n = left.min(DM2_TILES);
             let from = (2 * full + h) * half;
-            if tiles.iter().all(|t| t.len() >= from + half) {
-                let at = ps.map(|p| p.add(from));
-                dm2_step::<N, T, SPLIT>(k, at, (full, h, n), toks, &mut acc);
+            if tiles.len() >= from + half {
+                dm2_step::<T, SPLIT>(k, p.add(from), (full, h, n), toks, &mut acc);
             } else {
-                let mut copy = [[0u8; DM2_TILES * Q1T_TILE]; N];
-                for r in 0..N {
-                    let t = tiles[r].get_unchecked(from..from + n * Q1T_TILE);
-                    copy[r][..n * Q1T_TILE].copy_from_slice(t);
-                }
-                let at: [*const u8; N] = std::array::from_fn(|r| copy[r].as_ptr());
-                dm2_step::<N, T, SPLIT>(k, at, (full, h, n), toks, &mut acc);
+                let mut copy = [0u8; DM2_TILES * Q1T_TILE];
+                copy[..n * Q1T_TILE].copy_from_slice(&tiles[from..from + n * Q1T_TILE]);
+                dm2_step::<T, SPLIT>(k, copy.as_ptr(), (full, h, n), toks, &mut acc);
             }
             left -= n;
             h += 1;
         }
-        let mut out = [[0f32; T]; N];
-        for r in 0..N {
-            for ((o, a), tk) in out[r].iter_mut().zip(&acc[r]).zip(toks) {
-                let base = if SPLIT {
-                    hsum256(*a) * *tk.d
-                } else {
-                    hsum256(*a)
-                };
-                *o = base + overlay_scalar(ov[r].0, ov[r].1, tk);
-            }
+        let over = overlay_sums(ov.0, ov.1, toks);
+        let mut out = [0f32; T];
+        for (((o, a), tk), c) in out.iter_mut().zip(&acc).zip(toks).zip(over) {
+            let base = if SPLIT {
+                hsum256(*a) * *tk.d
+            } else {
+                hsum256(*a)
+            };
+            *o = base + c;
         }
         out
     }
@@ -1496,33 +1508,6 @@ mod simd {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-    }
-
-    /// One row's overlay `Σ delta·x[col]` for token `tk` (its dequantized activations), in
-    /// [`overlay`]'s order: up to 8 entries in fixed slots, more one by one.
-    #[inline(always)]
-    unsafe fn overlay_scalar(ent: &[u8], delta: &[f32], tk: &DmTok) -> f32 {
-        let n = delta.len();
-        let col = |i: usize| {
-            u16::from_le_bytes([*ent.get_unchecked(4 * i), *ent.get_unchecked(4 * i + 1)]) as usize
-        };
-        let mut c = 0f32;
-        if n == 0 {
-            return c;
-        }
-        if n <= 8 {
-            // As `overlay`: padding slots re-read entry `n − 1` with a correction of 0.
-            for e in 0..8 {
-                let i = if e < n { e } else { n - 1 };
-                let dl = if e < n { *delta.get_unchecked(i) } else { 0.0 };
-                c += dl * *tk.xf.add(col(i));
-            }
-            return c;
-        }
-        for (i, dl) in delta.iter().enumerate() {
-            c += dl * *tk.xf.add(col(i));
-        }
-        c
     }
 
     /// Lays out one level's codes digit-major ([`DmLevel::push_scalar`]'s layout) on AVX2:
@@ -1617,17 +1602,17 @@ mod simd {
             let rb = groups * Q1T_TILE;
             let rows = cx.rows::<R>(o);
             let mut out = [[0f32; T]; R];
-            for (i, &r) in rows.iter().enumerate() {
+            for (out, &r) in out.iter_mut().zip(&rows) {
                 // The row and all that follows it (see `dm2_row`'s tail).
-                let tiles = [&cx.bytes[r * rb..]];
-                let ov = [cx.ov.row(cx.bytes, r)];
+                let tiles = &cx.bytes[r * rb..];
+                let ov = cx.ov.row(cx.bytes, r);
                 // SAFETY: a `Dm2Tile` exists only inside `dm2_block`, whose caller checked
                 // AVX2 and built `dm` from all tokens.
-                out[i] = unsafe {
+                *out = unsafe {
                     if self.dm.split {
-                        dm2_row::<1, T, true>(&self.k, tiles, groups, &ts, ov)[0]
+                        dm2_row::<T, true>(&self.k, tiles, groups, &ts, ov)
                     } else {
-                        dm2_row::<1, T, false>(&self.k, tiles, groups, &ts, ov)[0]
+                        dm2_row::<T, false>(&self.k, tiles, groups, &ts, ov)
                     }
                 };
             }
@@ -1822,6 +1807,8 @@ impl DmActs {
             }
             dequantize(k, &tk, &mut self.xf[j * n..(j + 1) * n]);
         }
+        // Built at every level, though only the AVX2 kernel reads it: 16 lanes per token
+        // and step, and the key above would otherwise have to hold the kernel too.
         self.cs.clear();
         if split {
             let (c0, c1) = (&self.levels[0].c, &self.levels[1].c);
