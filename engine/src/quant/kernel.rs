@@ -324,7 +324,7 @@ pub(crate) unsafe fn fused_avx2<D: RowsAvx2, const R: usize, const T: usize>(
 /// Horizontal sum of 8 lanes (fixed order: halves, then pairs).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn hsum256(v: __m256) -> f32 {
+pub(crate) unsafe fn hsum256(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -525,6 +525,15 @@ pub(crate) struct QuantizedActs {
     /// and asked for: the row-scaled kernels sum them, and so do the grouped ones without
     /// VNNI, [`int16_avx2_target`]; else empty).
     k: Vec<i16>,
+    /// `[t, groups rounded up to 8]` the sum of each group's `k`, zero padded (filled with
+    /// `k`): a kernel may take unsigned codes `u = c + o` with an offset `o` of its row's
+    /// own, `Σ c·k = Σ u·k − o·Σ k`, 8 groups per load ([`IntRowsSimd::row_dot_i16`] of
+    /// `vbit`).
+    ks: Vec<i32>,
+    /// `[t, groups·32]` the int16 codes `k` of each group in [`ActOrder::NibblePairs`]
+    /// order, even elements then odd ones (filled on request, [`QuantizedActs::fill_pairs16`]):
+    /// the order in which `vbit`'s 4-bit rows widen their bytes to codes.
+    kp: Vec<i16>,
     /// `[t, groups]` scales: `d` per group, or when `split` the token's `d/256` (the unit
     /// of the combined sum) in every group.
     d: Vec<f32>,
@@ -970,6 +979,11 @@ pub(crate) struct QToken<'a> {
     pub q2: &'a [i8],
     /// int16 codes `256·q + q₂` (see [`QuantizedActs::k`]; empty unless filled).
     pub k: &'a [i16],
+    /// Per group, the sum of its `k`, zero padded to a multiple of 8 groups (empty unless
+    /// `k` is filled).
+    pub ks: &'a [i32],
+    /// `k` in nibble-pair order (empty unless [`QuantizedActs::fill_pairs16`] filled it).
+    pub kp: &'a [i16],
     /// Per group: `d`, or `d/256` when split (then one value for the whole token).
     pub d: &'a [f32],
     pub c: &'a [i32],
@@ -994,6 +1008,10 @@ impl QuantizedActs {
         }
         self.k
             .reserve((t * groups * STEP).saturating_sub(self.k.len()));
+        self.ks
+            .reserve((t * groups.next_multiple_of(8)).saturating_sub(self.ks.len()));
+        self.kp
+            .reserve((t * groups * STEP).saturating_sub(self.kp.len()));
         self.scaled.reserve(cols.saturating_sub(self.scaled.len()));
         self.d.reserve((t * groups).saturating_sub(self.d.len()));
         for v in [&mut self.c, &mut self.c2] {
@@ -1079,6 +1097,36 @@ impl QuantizedActs {
             }
             self.scaled = scaled;
         }
+        self.ks.clear();
+        self.kp.clear();
+        if !self.k.is_empty() {
+            let g8 = groups.next_multiple_of(8);
+            self.ks.resize(t * g8, 0);
+            for (ks, k) in self
+                .ks
+                .chunks_exact_mut(g8)
+                .zip(self.k.chunks_exact(groups * STEP))
+            {
+                for (s, g) in ks.iter_mut().zip(k.chunks_exact(STEP)) {
+                    *s = g.iter().map(|&v| i32::from(v)).sum();
+                }
+            }
+        }
+    }
+
+    /// Fills [`QuantizedActs::kp`] from the int16 codes `k` of the last
+    /// [`QuantizedActs::fill`] (nothing without them).
+    pub fn fill_pairs16(&mut self) {
+        self.kp.clear();
+        self.kp.resize(self.k.len(), 0);
+        for (kp, k) in self
+            .kp
+            .chunks_exact_mut(STEP)
+            .zip(self.k.chunks_exact(STEP))
+        {
+            let k: &[i16; STEP] = k.try_into().expect("whole groups");
+            place(k, ActOrder::NibblePairs, kp);
+        }
     }
 
     /// Whether the tokens carry the residual level (one scale per token).
@@ -1101,7 +1149,18 @@ impl QuantizedActs {
             k: if self.k.is_empty() {
                 &[]
             } else {
-                &self.k[codes]
+                &self.k[codes.clone()]
+            },
+            ks: if self.ks.is_empty() {
+                &[]
+            } else {
+                let g8 = g.next_multiple_of(8);
+                &self.ks[j * g8..(j + 1) * g8]
+            },
+            kp: if self.kp.is_empty() {
+                &[]
+            } else {
+                &self.kp[codes.clone()]
             },
             d: &self.d[j * g..(j + 1) * g],
             c: &self.c[lanes.clone()],
@@ -1232,6 +1291,24 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
     #[inline(always)]
     unsafe fn group_scale_simd(&self, i: usize, blk: usize) -> f32 {
         self.group_scale(i, blk)
+    }
+
+    /// The rows bring their own kernel of the int16 products, a row at a time
+    /// ([`IntRowsSimd::row_dot_i16`]), which [`int16_avx2_target`] runs instead of its
+    /// loop over groups.
+    const ROW_DOT_I16: bool = false;
+
+    /// Row `i` against the split tokens `xs` (their int16 codes [`QToken::k`]): per token,
+    /// the sum over the row's groups of the group's scale times its exact integer
+    /// `Σ code·k`, before the token's scale and [`IntRowsScalar::int_post`]. Each token
+    /// sees the same operations whatever `T`, so `matmul` stays equal to its `matvec`s.
+    /// Only for [`IntRowsSimd::ROW_DOT_I16`] layouts.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `i < R`, every token's `k` holds `cols` codes.
+    #[inline(always)]
+    unsafe fn row_dot_i16<const T: usize>(&self, _i: usize, _xs: &[QToken; T]) -> [f32; T] {
+        unreachable!("row_dot_i16 of a layout without ROW_DOT_I16")
     }
 
     /// The rows are `q4` nibbles (16 bytes a group, byte `j` holding codes `j` and
@@ -1637,6 +1714,15 @@ unsafe fn int16_avx2_target<D: IntRowsSimd, const R: usize, const T: usize>(
     xs: &[QToken; T],
     out: &mut [[f32; T]; R],
 ) {
+    if D::ROW_DOT_I16 {
+        for (i, o) in out.iter_mut().enumerate() {
+            let sums = d.row_dot_i16(i, xs);
+            for ((o, s), x) in o.iter_mut().zip(sums).zip(xs) {
+                *o = s * token_scale::<true>(x) * d.int_post(i);
+            }
+        }
+        return;
+    }
     let full = d.cols() / STEP;
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     // Two groups per step: a row's two scales come from one load where the layout keeps

@@ -869,6 +869,53 @@ fn vbit_products_on_every_width_and_code() {
     }
 }
 
+/// A `vbit` row whose last step is partial reads the scales that follow its own (the next
+/// row's, or the packed codes after the last row's) and must mask them: here they are f16
+/// NaNs and infinities, which `0 ×` would turn into NaN. Rows before a non-finite row
+/// stay finite and equal the scalar kernel's; the 4-bit row (nibble-pair path) and the
+/// 3-bit one both end in a partial step (96 columns: 3 groups).
+#[test]
+fn vbit_partial_steps_mask_the_scales_that_follow() {
+    for dtype in [DType::Vbit, DType::VbitRo] {
+        let (rows, cols) = (5usize, 96usize);
+        let shape = [rows as u64, cols as u64];
+        let mut bytes = super::vbit_kernel::hostile_payload(dtype, rows, cols, 77);
+        let gpr = cols / 32;
+        // Rows 0..5 have widths 3, 4, 5, 6, 8; rows 1, 3 and 4 get non-finite scales.
+        for (r, bits) in [(1usize, 0x7E00u16), (3, 0x7C00), (4, 0xFC00)] {
+            for g in 0..gpr {
+                let at = rows + 2 * (r * gpr + g);
+                bytes[at..at + 2].copy_from_slice(&bits.to_le_bytes());
+            }
+        }
+        let x = activations(cols, 5);
+        let p = Precision::Balanced;
+        let scalar = {
+            let mut m = Matrix::new(dtype, &shape, &bytes).unwrap();
+            m.set_kernel(Kernel::Scalar).unwrap();
+            m
+        };
+        let mut want = vec![f32::NAN; rows];
+        matvec_with(&scalar, &bytes, &x, &mut want, p);
+        for k in Kernel::available() {
+            let mut m = scalar.clone();
+            m.set_kernel(k).unwrap();
+            let mut y = vec![f32::NAN; rows];
+            matvec_with(&m, &bytes, &x, &mut y, p);
+            for r in [0usize, 2] {
+                assert!(y[r].is_finite(), "{dtype} {k:?} row {r}: {}", y[r]);
+                let tol = 1e-4 * (1.0 + want[r].abs());
+                assert!(
+                    (y[r] - want[r]).abs() <= tol,
+                    "{dtype} {k:?} row {r}: {} vs {}",
+                    y[r],
+                    want[r]
+                );
+            }
+        }
+    }
+}
+
 /// The hand-written AVX2 and AVX-512 quantizers give the scalar body's codes, scales and offset
 /// lanes bit for bit: every order, one and two levels, rows with a partial last group,
 /// outliers, zero, subnormal, infinite and NaN groups.

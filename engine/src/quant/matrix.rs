@@ -315,6 +315,24 @@ fn int16_codes(m: &Matrix, order: ActOrder, t: usize) -> bool {
     order == ActOrder::Natural || (!m.kernel.has_vnni() && t < panel::Q4_MIN_TOKENS)
 }
 
+/// Quantizes `x` (`[t, cols]`) for `m`'s integer kernel in `order` into `qa`, with the int16
+/// codes where that kernel sums them, and for `vbit` their nibble-pair copy too (its 4-bit
+/// rows' int16 kernel, [`VbitRows`]).
+fn fill_for(
+    qa: &mut QuantizedActs,
+    m: &Matrix,
+    x: &[f32],
+    t: usize,
+    order: ActOrder,
+    p: Precision,
+) {
+    let int16 = int16_codes(m, order, t);
+    qa.fill(x, t, m.cols, col_field(m), order, p.split(), int16);
+    if int16 && matches!(m.dtype, DType::Vbit | DType::VbitRo) {
+        qa.fill_pairs16();
+    }
+}
+
 thread_local! {
     /// Quantized activations of the calling thread's `Fast` products, reused.
     static QACTS: RefCell<QuantizedActs> = RefCell::new(QuantizedActs::default());
@@ -331,8 +349,7 @@ fn with_quantized<Out>(
     p: Precision,
     f: impl FnOnce(Acts) -> Out,
 ) -> Out {
-    let (col, int16) = (col_field(m), int16_codes(m, order, t));
-    let fill = |qa: &mut QuantizedActs| qa.fill(x, t, m.cols, col, order, p.split(), int16);
+    let fill = |qa: &mut QuantizedActs| fill_for(qa, m, x, t, order, p);
     QACTS.with(|cell| match cell.try_borrow_mut() {
         Ok(mut qa) => {
             fill(&mut qa);
@@ -649,8 +666,7 @@ pub fn matmul_each(jobs: &mut [MatmulJob], p: Precision) {
         }
         for (j, qa) in jobs.iter().zip(qas.iter_mut()) {
             if let Some(order) = int_order(j.m) {
-                let int16 = int16_codes(j.m, order, j.t);
-                qa.fill(j.x, j.t, j.m.cols, col_field(j.m), order, p.split(), int16);
+                fill_for(qa, j.m, j.x, j.t, order, p);
             }
         }
         jobs.par_iter_mut().zip(qas.par_iter()).for_each(|(j, qa)| {

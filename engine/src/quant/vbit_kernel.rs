@@ -30,6 +30,22 @@
 //! load reads the pair's bytes and nothing past them. Prefill of 16 tokens or more runs
 //! in the packed panels of [`super::panel`] instead.
 //!
+//! Without VNNI (AVX2), the two-level activations' products of fewer than 16 tokens run a
+//! row at a time in [`VbitRows::row_dot_i16_b`], against the tokens' int16 codes
+//! `k = 256·q + q₂`, 8 groups per step:
+//! - the codes come as `u` (no zero point): the window shifted left by `s` with a
+//!   `vpmullw` by `2^s` and right by `16 − b` (`b` a constant: a row's width picks its
+//!   instantiation once per row); 4-bit rows instead widen their bytes and split the
+//!   nibbles (a shuffle, a shift and a mask per group), against the tokens' codes in
+//!   nibble-pair order ([`QuantizedActs::fill_pairs16`](super::kernel::QuantizedActs));
+//! - two `vpmaddwd` per group, then the 8 groups' lanes summed by `vphaddd` into one
+//!   vector of exact group integers, less `L·Σ k` (the tokens' per-group sums), converted
+//!   once and multiplied by the 8 scales of one `vcvtph2ps`;
+//! - a row's last partial step runs only its groups, with the scales past them masked.
+//!
+//! Each token sees the same operations whatever the number of tokens, so `matmul` equals
+//! its `matvec`s bit for bit.
+//!
 //! The codes handed to the kernels are `L − u` with the scale negated: `(L − u)·(−s)` is
 //! `(u − L)·s` exactly, and `L − u` lies in `−128..=127` for every width, where `u − L`
 //! reaches +128 at 8 bits (`u = 255`, which the encoder never writes but a file may
@@ -64,8 +80,9 @@ pub(crate) struct WidthTable {
     mask: [u16; 16],
     /// The zero point `L` in every byte.
     zero: [i8; 32],
-    /// The zero point `L` in every 16-bit lane.
-    zero16: [i16; 16],
+    /// `2^s`: the multiply that shifts code `k`'s window left to its top bit (the int16
+    /// row kernel's extraction, [`VbitRows::row_dot_i16_b`]).
+    left: [u16; 16],
 }
 
 const fn width_table(b: u8) -> WidthTable {
@@ -74,7 +91,7 @@ const fn width_table(b: u8) -> WidthTable {
         mult: [0; 16],
         mask: [0; 16],
         zero: [0; 32],
-        zero16: [0; 16],
+        left: [0; 16],
     };
     let mut k = 0;
     while k < 16 {
@@ -88,7 +105,7 @@ const fn width_table(b: u8) -> WidthTable {
         t.shuffle[2 * k + 1] = j as u8;
         t.mult[k] = 1 << (s + b as usize);
         t.mask[k] = (1 << b) - 1;
-        t.zero16[k] = zero_point(b) as i16;
+        t.left[k] = 1 << s;
         k += 1;
     }
     let mut i = 0;
@@ -318,7 +335,7 @@ impl<const R: usize> IntRowsScalar for VbitRowsVbmi<'_, R> {
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::kernel::{h2f, IntRowsSimd, RowsAvx2, RowsAvx512};
+    use super::super::kernel::{h2f, hsum256, IntRowsSimd, QToken, RowsAvx2, RowsAvx512};
     use super::{VbitRows, VbitRowsVbmi, WidthTable};
     use std::arch::x86_64::*;
 
@@ -343,20 +360,6 @@ mod simd {
         let u = _mm256_packus_epi16(half(p, t), half(p.add(2 * b), t));
         let u = _mm256_permute4x64_epi64::<0b11_01_10_00>(u);
         _mm256_sub_epi8(_mm256_load_si256(t.zero.as_ptr() as *const __m256i), u)
-    }
-
-    /// [`group`] in two vectors of 16-bit lanes (codes 0..16 and 16..32), as the halves
-    /// come: without the narrowing to bytes that [`IntRowsSimd::load_i16`] would undo.
-    ///
-    /// # Safety
-    /// As [`group`].
-    #[inline(always)]
-    unsafe fn group_i16(p: *const u8, b: usize, t: &WidthTable) -> [__m256i; 2] {
-        let l = _mm256_load_si256(t.zero16.as_ptr() as *const __m256i);
-        [
-            _mm256_sub_epi16(l, half(p, t)),
-            _mm256_sub_epi16(l, half(p.add(2 * b), t)),
-        ]
     }
 
     /// The `4·b` bytes of a group at `p`, zero padded to the 48 its half loads may read.
@@ -428,23 +431,296 @@ mod simd {
         _mm512_mul_ps(_mm512_cvtepi32_ps(u), s)
     }
 
+    /// What [`half_codes`] needs of a width's [`WidthTable`], in registers for a row.
+    struct WidthRegs {
+        shuffle: __m256i,
+        /// `2^s`: the multiply shifts each code's window left to its top bit.
+        left: __m256i,
+    }
+
+    /// The 16 codes `u` of the `B`-bit half group at `p` in 16-bit lanes: the window
+    /// shifted left by `s` (a `vpmullw` by `2^s`) then right by `16 − B`. (The table's
+    /// `vpmulhuw` and mask, with the table in registers, compiled to a widening 32-bit
+    /// multiply and a pack: twice the instructions.)
+    ///
+    /// # Safety
+    /// AVX2; 16 bytes are readable at `p`.
+    #[inline(always)]
+    unsafe fn half_codes<const B: i32>(p: *const u8, t: &WidthRegs) -> __m256i {
+        let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+        let w = _mm256_mullo_epi16(_mm256_shuffle_epi8(v, t.shuffle), t.left);
+        _mm256_srl_epi16(w, _mm_cvtsi32_si128(16 - B))
+    }
+
+    /// All ones in lanes `0..n` and zeros above (`n ≤ 8`), as a mask of f32 lanes.
+    ///
+    /// # Safety
+    /// AVX.
+    #[inline(always)]
+    unsafe fn lanes_below(n: usize) -> __m256 {
+        const ONES_THEN_ZEROS: [i32; 16] = [-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0];
+        _mm256_loadu_ps(ONES_THEN_ZEROS.as_ptr().add(8 - n.min(8)) as *const f32)
+    }
+
+    /// The 32 codes `u` of the 4-bit group at `p` as int16, in nibble-pair order: the
+    /// high nibbles (codes `0, 2, …, 30`), then the low ones (`1, 3, …, 31`). One widening
+    /// load, a shift and a mask, where the general extraction takes two shuffles, two
+    /// multiplies and two shifts.
+    ///
+    /// # Safety
+    /// AVX2; 16 bytes are readable at `p`.
+    #[inline(always)]
+    unsafe fn nibble_group(p: *const u8) -> [__m256i; 2] {
+        // Byte `j` into word `j` by a shuffle of the bytes broadcast to both halves, not by
+        // `vpmovzxbw`: LLVM narrows a shift and mask after a widening load to byte
+        // operations on both nibbles and widens each (6 instructions where these take 4).
+        const WIDEN: [i8; 32] = [
+            0, -1, 1, -1, 2, -1, 3, -1, 4, -1, 5, -1, 6, -1, 7, -1, 8, -1, 9, -1, 10, -1, 11, -1,
+            12, -1, 13, -1, 14, -1, 15, -1,
+        ];
+        let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+        let w = _mm256_shuffle_epi8(v, _mm256_loadu_si256(WIDEN.as_ptr() as *const __m256i));
+        [
+            _mm256_srli_epi16::<4>(w),
+            _mm256_and_si256(w, _mm256_set1_epi16(0x0F)),
+        ]
+    }
+
+    /// Pairwise sums of adjacent lanes of `a` and `b` (`vphaddd`): the first step of
+    /// [`lane_sums8`], taken as soon as a pair of group dots is ready so that fewer stay
+    /// live.
+    #[inline(always)]
+    unsafe fn hadd(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_hadd_epi32(a, b)
+    }
+
+    /// Lane `j` of the result is the sum of group `j`'s lanes, from the four pairwise sums
+    /// `h[m] = hadd(d[2m], d[2m + 1])` of 8 group dots `d`: two more rounds of `vphaddd`
+    /// give each group's low and high 128-bit halves' sums, and the halves are added.
+    ///
+    /// # Safety
+    /// AVX2.
+    #[inline(always)]
+    unsafe fn lane_sums8(h: [__m256i; 4]) -> __m256i {
+        // [d0 d1 d2 d3 | d0 d1 d2 d3] (low halves' sums, then high halves'), and d4..d7.
+        let ab = _mm256_hadd_epi32(h[0], h[1]);
+        let ce = _mm256_hadd_epi32(h[2], h[3]);
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256::<0x20>(ab, ce),
+            _mm256_permute2x128_si256::<0x31>(ab, ce),
+        )
+    }
+
+    /// The four halves (codes `u`, int16) of the `B`-bit groups at `p` and `p + 4·B`.
+    ///
+    /// # Safety
+    /// AVX2; `6·B + 16` bytes are readable at `p`.
+    #[inline(always)]
+    unsafe fn group_pair<const B: i32>(p: *const u8, t: &WidthRegs) -> [__m256i; 4] {
+        let b = B as usize;
+        [
+            half_codes::<B>(p, t),
+            half_codes::<B>(p.add(2 * b), t),
+            half_codes::<B>(p.add(4 * b), t),
+            half_codes::<B>(p.add(6 * b), t),
+        ]
+    }
+
+    /// [`hadd`] of the integer dots of [`group_pair`]'s two groups against the 64 int16
+    /// codes at `k`.
+    ///
+    /// # Safety
+    /// AVX2; 64 codes at `k`.
+    #[inline(always)]
+    unsafe fn pair_dot(c: &[__m256i; 4], k: *const i16) -> __m256i {
+        let k = k as *const __m256i;
+        hadd(
+            _mm256_add_epi32(
+                _mm256_madd_epi16(c[0], _mm256_loadu_si256(k)),
+                _mm256_madd_epi16(c[1], _mm256_loadu_si256(k.add(1))),
+            ),
+            _mm256_add_epi32(
+                _mm256_madd_epi16(c[2], _mm256_loadu_si256(k.add(2))),
+                _mm256_madd_epi16(c[3], _mm256_loadu_si256(k.add(3))),
+            ),
+        )
+    }
+
+    impl<const R: usize> VbitRows<'_, R> {
+        /// The codes of groups `g + 2m` and `g + 2m + 1` of row `i` (width `B`, starting at
+        /// `p`), each from a zero-padded copy where its loads would leave the payload; a
+        /// group at or past `g + n` is zero.
+        ///
+        /// # Safety
+        /// AVX2; `i < R`, `g + n ≤ cols / 32`.
+        #[inline(always)]
+        unsafe fn pair_checked<const B: i32>(
+            &self,
+            p: *const u8,
+            g: usize,
+            m: usize,
+            n: usize,
+            regs: &WidthRegs,
+        ) -> [__m256i; 4] {
+            let b = B as usize;
+            let mut c = [_mm256_setzero_si256(); 4];
+            for (h, c) in c.chunks_exact_mut(2).enumerate() {
+                if 2 * m + h >= n {
+                    break;
+                }
+                let q = p.add(4 * b * (g + 2 * m + h));
+                let copy;
+                let q = if self.loads_in_payload(q, b) {
+                    q
+                } else {
+                    copy = copied(q, b);
+                    copy.as_ptr()
+                };
+                c[0] = half_codes::<B>(q, regs);
+                c[1] = half_codes::<B>(q.add(2 * b), regs);
+            }
+            c
+        }
+
+        /// One step of [`VbitRows::row_dot_i16_b`]: the `n ≤ 8` groups of row `i` from
+        /// group `g` on against the tokens `xs`, into their accumulators. `FAST`: `n = 8`
+        /// and every load stays in the payload.
+        ///
+        /// # Safety
+        /// As [`IntRowsSimd::row_dot_i16`], `g + n ≤ cols / 32`, row `i` is `B` bits wide.
+        #[inline(always)]
+        unsafe fn step_i16<const B: i32, const T: usize, const FAST: bool, const NIB: bool>(
+            &self,
+            i: usize,
+            g: usize,
+            n: usize,
+            regs: &WidthRegs,
+            xs: &[QToken; T],
+            acc: &mut [__m256; T],
+        ) {
+            // (No closures here: they would not inherit the caller's target features.)
+            let p = self.data.get_unchecked(i).as_ptr();
+            let gb = 4 * B as usize;
+            let mut h = [[_mm256_setzero_si256(); 4]; T];
+            // A partial step's pairs past its groups stay 0.
+            let pairs = if FAST { 4 } else { n.div_ceil(2) };
+            for m in 0..pairs {
+                let c = if NIB {
+                    // A 4-bit group's 16 bytes are its own: no load leaves the payload.
+                    let q = p.add(gb * (g + 2 * m));
+                    let mut c = [_mm256_setzero_si256(); 4];
+                    if FAST || 2 * m < n {
+                        [c[0], c[1]] = nibble_group(q);
+                    }
+                    if FAST || 2 * m + 1 < n {
+                        [c[2], c[3]] = nibble_group(q.add(16));
+                    }
+                    c
+                } else if FAST {
+                    group_pair::<B>(p.add(gb * (g + 2 * m)), regs)
+                } else {
+                    self.pair_checked::<B>(p, g, m, n, regs)
+                };
+                for (h, x) in h.iter_mut().zip(xs) {
+                    let k = if NIB { x.kp } else { x.k };
+                    h[m] = pair_dot(&c, k.as_ptr().add(32 * (g + 2 * m)));
+                }
+            }
+            // The 8 scales from `g` on; past the row's last group (a partial step) they
+            // are the next bytes of the payload, masked to 0 (they may be f16 NaNs).
+            let at = self.scales.get_unchecked(i).as_ptr().add(2 * g);
+            let s = if FAST || at as usize + 16 <= self.payload_end {
+                _mm_loadu_si128(at as *const __m128i)
+            } else {
+                let mut bits = [0u16; 8];
+                std::ptr::copy_nonoverlapping(at, bits.as_mut_ptr() as *mut u8, 2 * n);
+                _mm_loadu_si128(bits.as_ptr() as *const __m128i)
+            };
+            let mut s = _mm256_cvtph_ps(s);
+            if !FAST {
+                s = _mm256_and_ps(s, lanes_below(n));
+            }
+            let zero = _mm256_set1_epi32(super::zero_point(B as u8));
+            for ((a, h), x) in acc.iter_mut().zip(h).zip(xs) {
+                // `Σ (u − L)·k = Σ u·k − L·Σ k`, exact in i32 (the sums are zero padded to
+                // whole steps, and the dots of missing groups are 0).
+                let ks = _mm256_loadu_si256(x.ks.as_ptr().add(g) as *const __m256i);
+                let dots = _mm256_sub_epi32(lane_sums8(h), _mm256_mullo_epi32(ks, zero));
+                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), s, *a);
+            }
+        }
+
+        /// [`IntRowsSimd::row_dot_i16`] for a row of width `B`.
+        ///
+        /// # Safety
+        /// As there, and row `i` is `B` bits wide.
+        #[inline(always)]
+        unsafe fn row_dot_i16_b<const B: i32, const T: usize, const NIB: bool>(
+            &self,
+            i: usize,
+            xs: &[QToken; T],
+        ) -> [f32; T] {
+            let (p, _, t) = self.group_at(i, 0);
+            let regs = WidthRegs {
+                shuffle: _mm256_load_si256(t.shuffle.as_ptr() as *const __m256i),
+                left: _mm256_load_si256(t.left.as_ptr() as *const __m256i),
+            };
+            let gb = 4 * B as usize;
+            let gpr = self.cols / 32;
+            let mut acc = [_mm256_setzero_ps(); T];
+            let mut g = 0;
+            // Whole steps whose loads stay in the payload, then the rest (the last rows of
+            // the payload, a row's last partial step) checked.
+            if NIB {
+                while g + 8 <= gpr {
+                    self.step_i16::<B, T, true, true>(i, g, 8, &regs, xs, &mut acc);
+                    g += 8;
+                }
+            }
+            while g + 8 <= gpr && self.loads_in_payload(p.add(gb * (g + 7)), B as usize) {
+                self.step_i16::<B, T, true, NIB>(i, g, 8, &regs, xs, &mut acc);
+                g += 8;
+            }
+            while g < gpr {
+                self.step_i16::<B, T, false, NIB>(i, g, (gpr - g).min(8), &regs, xs, &mut acc);
+                g += 8;
+            }
+            let mut out = [0f32; T];
+            for (o, a) in out.iter_mut().zip(acc) {
+                *o = hsum256(a);
+            }
+            out
+        }
+    }
+
     impl<const R: usize> IntRowsSimd for VbitRows<'_, R> {
         #[inline(always)]
         unsafe fn load_u8(&self, i: usize, blk: usize) -> __m256i {
             self.codes_simd(i, blk)
         }
         #[inline(always)]
-        unsafe fn load_i16(&self, i: usize, blk: usize) -> [__m256i; 2] {
-            let (p, b, t) = self.group_at(i, blk);
-            if self.loads_in_payload(p, b) {
-                group_i16(p, b, t)
-            } else {
-                group_i16(copied(p, b).as_ptr(), b, t)
-            }
-        }
-        #[inline(always)]
         unsafe fn group_scale_simd(&self, i: usize, blk: usize) -> f32 {
             h2f(self.scale_bits_unchecked(i, blk) ^ 0x8000)
+        }
+
+        const ROW_DOT_I16: bool = true;
+
+        /// A row at a time, 8 groups per step: each group's exact `Σ (u − L)·k` in 8 lanes
+        /// (two `vpmaddwd`), the 8 groups' lanes summed into one vector ([`lane_sums8`]),
+        /// converted once and multiplied by the 8 scales of one `vcvtph2ps`. The loop over
+        /// groups and rows spent a conversion, an FMA and a scalar scale conversion and
+        /// broadcast on every group, and reloaded the width's tables for every row and
+        /// group. Each group's integer dot is the scalar reference's, converted alike.
+        #[inline(always)]
+        unsafe fn row_dot_i16<const T: usize>(&self, i: usize, xs: &[QToken; T]) -> [f32; T] {
+            match *self.bits.get_unchecked(i) {
+                3 => self.row_dot_i16_b::<3, T, false>(i, xs),
+                4 if xs.iter().all(|x| !x.kp.is_empty()) => self.row_dot_i16_b::<4, T, true>(i, xs),
+                4 => self.row_dot_i16_b::<4, T, false>(i, xs),
+                5 => self.row_dot_i16_b::<5, T, false>(i, xs),
+                6 => self.row_dot_i16_b::<6, T, false>(i, xs),
+                _ => self.row_dot_i16_b::<8, T, false>(i, xs),
+            }
         }
 
         /// The row `2·R` on, at the same four groups, by its start from the matrix's row
