@@ -525,8 +525,8 @@ pub(crate) struct QuantizedActs {
     /// and asked for: the row-scaled kernels sum them, and so do the grouped ones without
     /// VNNI, [`int16_avx2_target`]; else empty).
     k: Vec<i16>,
-    /// `[t, groups rounded up to 8]` the sum of each group's `k`, zero padded (filled with
-    /// `k`): a kernel may take unsigned codes `u = c + o` with an offset `o` of its row's
+    /// `[t, groups rounded up to 8]` the sum of each group's `k = 256·q + q₂`, zero padded
+    /// (filled for split tokens): a kernel may take unsigned codes `u = c + o` with an offset `o` of its row's
     /// own, `Σ c·k = Σ u·k − o·Σ k`, 8 groups per load ([`IntRowsSimd::row_dot_i16`] of
     /// `vbit`).
     ks: Vec<i32>,
@@ -979,8 +979,8 @@ pub(crate) struct QToken<'a> {
     pub q2: &'a [i8],
     /// int16 codes `256·q + q₂` (see [`QuantizedActs::k`]; empty unless filled).
     pub k: &'a [i16],
-    /// Per group, the sum of its `k`, zero padded to a multiple of 8 groups (empty unless
-    /// `k` is filled).
+    /// Per group, the sum of its `k = 256·q + q₂`, zero padded to a multiple of 8 groups
+    /// (empty unless split).
     pub ks: &'a [i32],
     /// `k` in nibble-pair order (empty unless [`QuantizedActs::fill_pairs16`] filled it).
     pub kp: &'a [i16],
@@ -1099,16 +1099,19 @@ impl QuantizedActs {
         }
         self.ks.clear();
         self.kp.clear();
-        if !self.k.is_empty() {
+        if split && groups > 0 {
             let g8 = groups.next_multiple_of(8);
             self.ks.resize(t * g8, 0);
-            for (ks, k) in self
-                .ks
-                .chunks_exact_mut(g8)
-                .zip(self.k.chunks_exact(groups * STEP))
-            {
-                for (s, g) in ks.iter_mut().zip(k.chunks_exact(STEP)) {
-                    *s = g.iter().map(|&v| i32::from(v)).sum();
+            let codes = self.q.chunks_exact(groups * STEP);
+            let levels = codes.zip(self.q2.chunks_exact(groups * STEP));
+            for (ks, (q, q2)) in self.ks.chunks_exact_mut(g8).zip(levels) {
+                let groups = q.chunks_exact(STEP).zip(q2.chunks_exact(STEP));
+                for (s, (a, b)) in ks.iter_mut().zip(groups) {
+                    *s = a
+                        .iter()
+                        .zip(b)
+                        .map(|(&a, &b)| 256 * i32::from(a) + i32::from(b))
+                        .sum();
                 }
             }
         }
@@ -1291,6 +1294,22 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
     #[inline(always)]
     unsafe fn group_scale_simd(&self, i: usize, blk: usize) -> f32 {
         self.group_scale(i, blk)
+    }
+
+    /// The rows bring their own kernel of the two-level AVX-512 VNNI products, a row at a
+    /// time ([`IntRowsSimd::row_dot_vnni`]), which [`int_body512`] runs instead of its loop.
+    const ROW_DOT_VNNI: bool = false;
+
+    /// [`IntRowsSimd::row_dot_i16`] against the tokens' two byte levels `q`, `q₂` with AVX-512
+    /// VNNI (and whatever else the rows' loads need). Only for [`IntRowsSimd::ROW_DOT_VNNI`]
+    /// layouts.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C (and the rows' own features); `i < R`, the
+    /// tokens are split and hold `cols` codes per level.
+    #[inline(always)]
+    unsafe fn row_dot_vnni<const T: usize>(&self, _i: usize, _xs: &[QToken; T]) -> [f32; T] {
+        unreachable!("row_dot_vnni of a layout without ROW_DOT_VNNI")
     }
 
     /// The rows bring their own kernel of the int16 products, a row at a time
@@ -2137,6 +2156,15 @@ unsafe fn int_body512<D: IntRowsSimd, const R: usize, const T: usize, const SPLI
     xs: &[QToken; T],
     out: &mut [[f32; T]; R],
 ) {
+    if SPLIT && D::ROW_DOT_VNNI {
+        for (i, o) in out.iter_mut().enumerate() {
+            let sums = d.row_dot_vnni(i, xs);
+            for ((o, s), x) in o.iter_mut().zip(sums).zip(xs) {
+                *o = s * token_scale::<true>(x) * d.int_post(i);
+            }
+        }
+        return;
+    }
     let n = d.cols();
     let full = n / STEP;
     let pairs = full / 2;
