@@ -526,7 +526,7 @@ pub(crate) struct QuantizedActs {
     /// VNNI, [`int16_avx2_target`]; else empty).
     k: Vec<i16>,
     /// `[t, groups rounded up to 8]` the sum of each group's `k = 256·q + q₂`, zero padded
-    /// (filled for split tokens): a kernel may take unsigned codes `u = c + o` with an offset `o` of its row's
+    /// (filled on request for split tokens, [`QuantizedActs::fill_group_sums`]): a kernel may take unsigned codes `u = c + o` with an offset `o` of its row's
     /// own, `Σ c·k = Σ u·k − o·Σ k`, 8 groups per load ([`IntRowsSimd::row_dot_i16`] of
     /// `vbit`).
     ks: Vec<i32>,
@@ -980,7 +980,7 @@ pub(crate) struct QToken<'a> {
     /// int16 codes `256·q + q₂` (see [`QuantizedActs::k`]; empty unless filled).
     pub k: &'a [i16],
     /// Per group, the sum of its `k = 256·q + q₂`, zero padded to a multiple of 8 groups
-    /// (empty unless split).
+    /// (empty unless [`QuantizedActs::fill_group_sums`] filled it).
     pub ks: &'a [i32],
     /// `k` in nibble-pair order (empty unless [`QuantizedActs::fill_pairs16`] filled it).
     pub kp: &'a [i16],
@@ -1099,20 +1099,28 @@ impl QuantizedActs {
         }
         self.ks.clear();
         self.kp.clear();
-        if split && groups > 0 {
-            let g8 = groups.next_multiple_of(8);
-            self.ks.resize(t * g8, 0);
-            let codes = self.q.chunks_exact(groups * STEP);
-            let levels = codes.zip(self.q2.chunks_exact(groups * STEP));
-            for (ks, (q, q2)) in self.ks.chunks_exact_mut(g8).zip(levels) {
-                let groups = q.chunks_exact(STEP).zip(q2.chunks_exact(STEP));
-                for (s, (a, b)) in ks.iter_mut().zip(groups) {
-                    *s = a
-                        .iter()
-                        .zip(b)
-                        .map(|(&a, &b)| 256 * i32::from(a) + i32::from(b))
-                        .sum();
-                }
+    }
+
+    /// Fills [`QuantizedActs::ks`] from the codes of the last [`QuantizedActs::fill`]
+    /// (nothing unless split): the `vbit` row kernels' `L·Σ k`.
+    pub fn fill_group_sums(&mut self) {
+        let (groups, t) = (self.groups, self.d.len() / self.groups.max(1));
+        self.ks.clear();
+        if !self.split || groups == 0 {
+            return;
+        }
+        let g8 = groups.next_multiple_of(8);
+        self.ks.resize(t * g8, 0);
+        let codes = self.q.chunks_exact(groups * STEP);
+        let levels = codes.zip(self.q2.chunks_exact(groups * STEP));
+        for (ks, (q, q2)) in self.ks.chunks_exact_mut(g8).zip(levels) {
+            let groups = q.chunks_exact(STEP).zip(q2.chunks_exact(STEP));
+            for (s, (a, b)) in ks.iter_mut().zip(groups) {
+                *s = a
+                    .iter()
+                    .zip(b)
+                    .map(|(&a, &b)| 256 * i32::from(a) + i32::from(b))
+                    .sum();
             }
         }
     }
@@ -1484,6 +1492,13 @@ pub(crate) fn run_int<D: IntRows, const R: usize, const T: usize>(
         assert!(
             x.q2.len() == n2 && x.c2.len() == l2,
             "tokens of one block split alike"
+        );
+        // The row kernels read the per-group sums 8 at a time.
+        #[cfg(target_arch = "x86_64")]
+        assert!(
+            !(split && (D::ROW_DOT_I16 || D::ROW_DOT_VNNI))
+                || x.ks.len() == groups.next_multiple_of(8),
+            "split products of row-kernel layouts take the per-group sums"
         );
     }
     if split && !D::GROUP_SCALES {

@@ -316,8 +316,8 @@ fn int16_codes(m: &Matrix, order: ActOrder, t: usize) -> bool {
 }
 
 /// Quantizes `x` (`[t, cols]`) for `m`'s integer kernel in `order` into `qa`, with the int16
-/// codes where that kernel sums them, and for `vbit` their nibble-pair copy too (its 4-bit
-/// rows' int16 kernel, [`VbitRows`]).
+/// codes where that kernel sums them, and for `vbit` the per-group sums of its row kernels
+/// and the codes' nibble-pair copy (its 4-bit rows' int16 kernel, [`VbitRows`]).
 fn fill_for(
     qa: &mut QuantizedActs,
     m: &Matrix,
@@ -328,8 +328,11 @@ fn fill_for(
 ) {
     let int16 = int16_codes(m, order, t);
     qa.fill(x, t, m.cols, col_field(m), order, p.split(), int16);
-    if int16 && matches!(m.dtype, DType::Vbit | DType::VbitRo) {
-        qa.fill_pairs16();
+    if matches!(m.dtype, DType::Vbit | DType::VbitRo) {
+        qa.fill_group_sums();
+        if int16 {
+            qa.fill_pairs16();
+        }
     }
 }
 

@@ -1309,6 +1309,7 @@ mod tests {
             split,
             order == super::super::kernel::ActOrder::Natural,
         );
+        qa.fill_group_sums();
         let xs = std::array::from_fn(|j| qa.token(j));
         let mut out = [[0f32; T]; 8];
         run_int::<D, 8, T>(Kernel::Avx512, d, &xs, &mut out);
