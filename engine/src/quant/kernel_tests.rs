@@ -869,6 +869,69 @@ fn vbit_products_on_every_width_and_code() {
     }
 }
 
+/// `matvec_multi` of parts that cannot share one quantization (`q8_2f` folds its own
+/// column field into the activations, `q4_block` takes another order, `f16` none), one of
+/// them on a task mask's rows: each part equals its own `matvec`, bit for bit, at every
+/// precision and level (96 columns, row counts that split unevenly).
+#[test]
+fn matvec_multi_of_parts_quantized_apart() {
+    use super::matrix::{matvec_multi, matvec_rows_with, MatvecPart};
+    let cols = 96usize;
+    let dtypes = [DType::Q8_2f, DType::Q8_2f, DType::Q4Block, DType::F16];
+    let rows = [37usize, 11, 19, 7];
+    let payloads: Vec<Vec<u8>> = dtypes
+        .iter()
+        .zip(rows)
+        .enumerate()
+        .map(|(i, (&d, r))| {
+            let w = activations(r * cols, 90 + i as u64);
+            encode(d, &[r as u64, cols as u64], &w, &EncodeOptions::default()).unwrap()
+        })
+        .collect();
+    let x = activations(cols, 7);
+    let live: Vec<u32> = (0..19).filter(|r| r % 3 != 1).collect();
+    for k in Kernel::available() {
+        let ms: Vec<Matrix> = dtypes
+            .iter()
+            .zip(rows)
+            .zip(&payloads)
+            .map(|((&d, r), b)| {
+                let mut m = Matrix::new(d, &[r as u64, cols as u64], b).unwrap();
+                m.set_kernel(k).unwrap();
+                m
+            })
+            .collect();
+        for p in Precision::ALL {
+            let mut ys: Vec<Vec<f32>> = rows.iter().map(|&r| vec![f32::NAN; r]).collect();
+            ys[2] = vec![f32::NAN; live.len()];
+            {
+                let mut it = ys.iter_mut();
+                let mut parts: Vec<MatvecPart> = ms
+                    .iter()
+                    .zip(&payloads)
+                    .enumerate()
+                    .map(|(i, (m, b))| MatvecPart {
+                        m,
+                        bytes: b,
+                        rows: (i == 2).then_some(&live[..]),
+                        y: it.next().unwrap(),
+                    })
+                    .collect();
+                matvec_multi(&mut parts, &x, p);
+            }
+            for (i, ((m, b), y)) in ms.iter().zip(&payloads).zip(&ys).enumerate() {
+                let mut alone = vec![f32::NAN; y.len()];
+                if i == 2 {
+                    matvec_rows_with(m, b, &x, &live, &mut alone, p);
+                } else {
+                    matvec_with(m, b, &x, &mut alone, p);
+                }
+                assert_eq!(bits(y), bits(&alone), "{k:?} {p:?} part {i} ({})", m.dtype);
+            }
+        }
+    }
+}
+
 /// A `vbit` row whose last step is partial reads the scales that follow its own (the next
 /// row's, or the packed codes after the last row's) and must mask them: here they are f16
 /// NaNs and infinities, which `0 ×` would turn into NaN. Rows before a non-finite row
