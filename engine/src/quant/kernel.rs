@@ -1111,9 +1111,8 @@ impl QuantizedActs {
         }
         let g8 = groups.next_multiple_of(8);
         self.ks.resize(t * g8, 0);
-        let codes = self.q.chunks_exact(groups * STEP);
-        let levels = codes.zip(self.q2.chunks_exact(groups * STEP));
-        for (ks, (q, q2)) in self.ks.chunks_exact_mut(g8).zip(levels) {
+        let n = groups * STEP;
+        let one = |(ks, (q, q2)): (&mut [i32], (&[i8], &[i8]))| {
             let groups = q.chunks_exact(STEP).zip(q2.chunks_exact(STEP));
             for (s, (a, b)) in ks.iter_mut().zip(groups) {
                 *s = a
@@ -1122,6 +1121,19 @@ impl QuantizedActs {
                     .map(|(&a, &b)| 256 * i32::from(a) + i32::from(b))
                     .sum();
             }
+        };
+        let (q, q2) = (&self.q, &self.q2);
+        if t >= crate::exec::PARALLEL_TOKENS {
+            // A prefill's tokens over the pool, as their quantization.
+            self.ks
+                .par_chunks_exact_mut(g8)
+                .zip(q.par_chunks_exact(n).zip(q2.par_chunks_exact(n)))
+                .for_each(one);
+        } else {
+            self.ks
+                .chunks_exact_mut(g8)
+                .zip(q.chunks_exact(n).zip(q2.chunks_exact(n)))
+                .for_each(one);
         }
     }
 

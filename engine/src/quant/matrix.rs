@@ -330,7 +330,8 @@ fn fill_for(
     qa.fill(x, t, m.cols, col_field(m), order, p.split(), int16);
     if matches!(m.dtype, DType::Vbit | DType::VbitRo) {
         qa.fill_group_sums();
-        if int16 {
+        // Only the row kernels read them (longer products run in panels).
+        if int16 && t < panel::Q4_MIN_TOKENS {
             qa.fill_pairs16();
         }
     }
