@@ -480,9 +480,9 @@ mod simd {
     }
 
     /// The 32 codes `u` of the 4-bit group at `p` as int16, in nibble-pair order: the
-    /// high nibbles (codes `0, 2, …, 30`), then the low ones (`1, 3, …, 31`). One widening
-    /// load, a shift and a mask, where the general extraction takes two shuffles, two
-    /// multiplies and two shifts.
+    /// high nibbles (codes `0, 2, …, 30`), then the low ones (`1, 3, …, 31`). A broadcast
+    /// load, a shuffle, a shift and a mask, where the general extraction takes two
+    /// broadcasts, two shuffles, two multiplies and two shifts.
     ///
     /// # Safety
     /// AVX2; 16 bytes are readable at `p`.
@@ -526,6 +526,9 @@ mod simd {
     /// Pairwise sums of adjacent lanes of `a` and `b` (`vphaddd`): the first step of
     /// [`lane_sums8`], taken as soon as a pair of group dots is ready so that fewer stay
     /// live.
+    ///
+    /// # Safety
+    /// AVX2.
     #[inline(always)]
     unsafe fn hadd(a: __m256i, b: __m256i) -> __m256i {
         _mm256_hadd_epi32(a, b)
