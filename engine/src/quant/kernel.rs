@@ -1762,10 +1762,7 @@ unsafe fn int16_avx2_target<D: IntRowsSimd, const R: usize, const T: usize>(
 ) {
     if D::ROW_DOT_I16 {
         for (i, o) in out.iter_mut().enumerate() {
-            let sums = d.row_dot_i16(i, xs);
-            for ((o, s), x) in o.iter_mut().zip(sums).zip(xs) {
-                *o = s * token_scale::<true>(x) * d.int_post(i);
-            }
+            row_outputs(d, i, d.row_dot_i16(i, xs), xs, o);
         }
         return;
     }
@@ -2034,6 +2031,21 @@ unsafe fn dot_i16(w: [__m256i; 2], [ka, kb, start]: [__m256i; 3]) -> __m256i {
     )
 }
 
+/// Row `i`'s outputs from a row kernel's sums (split tokens): each times its token's scale
+/// and the row's [`IntRowsScalar::int_post`].
+#[inline(always)]
+fn row_outputs<D: IntRowsScalar, const T: usize>(
+    d: &D,
+    i: usize,
+    sums: [f32; T],
+    xs: &[QToken; T],
+    o: &mut [f32; T],
+) {
+    for ((o, s), x) in o.iter_mut().zip(sums).zip(xs) {
+        *o = s * token_scale::<true>(x) * d.int_post(i);
+    }
+}
+
 /// The factor a finished sum still needs from token `x`: its one scale when split (the
 /// per-group terms then carry only the weights' scales; 0 for a token without groups),
 /// else 1 (applied per group).
@@ -2185,10 +2197,7 @@ unsafe fn int_body512<D: IntRowsSimd, const R: usize, const T: usize, const SPLI
 ) {
     if SPLIT && D::ROW_DOT_VNNI {
         for (i, o) in out.iter_mut().enumerate() {
-            let sums = d.row_dot_vnni(i, xs);
-            for ((o, s), x) in o.iter_mut().zip(sums).zip(xs) {
-                *o = s * token_scale::<true>(x) * d.int_post(i);
-            }
+            row_outputs(d, i, d.row_dot_vnni(i, xs), xs, o);
         }
         return;
     }

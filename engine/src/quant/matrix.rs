@@ -614,37 +614,19 @@ pub fn matvec_multi(parts: &mut [MatvecPart], x: &[f32], p: Precision) {
         // of its own, then all run in one parallel section, as [`matmul_each`]'s jobs: one
         // after the other, each product woke the pool again (SmolLM2-135M's `q8_2f` decode
         // ran 7–14% behind `q8_row`'s, the same bytes).
-        _ => EACH_QACTS.with(|cell| {
-            let Ok(mut qas) = cell.try_borrow_mut() else {
+        _ => {
+            let run = |part: &mut MatvecPart, acts: Acts| {
+                if !part.y.is_empty() {
+                    matvec_impl(part.m, part.bytes, acts, part.rows, part.y)
+                }
+            };
+            if !each_quantized(parts, p, |part| (part.m, x, 1), run) {
                 // Called from inside a `matmul_each` or another of these: one at a time.
                 for part in parts.iter_mut() {
                     matvec_sel(part.m, part.bytes, x, part.rows, part.y, p)
                 }
-                return;
-            };
-            while qas.len() < parts.len() {
-                qas.push(QuantizedActs::default());
             }
-            for (part, qa) in parts.iter().zip(qas.iter_mut()) {
-                if let Some(order) = int_order(part.m) {
-                    fill_for(qa, part.m, x, 1, order, p);
-                }
-            }
-            parts
-                .par_iter_mut()
-                .zip(qas.par_iter())
-                .for_each(|(part, qa)| {
-                    if part.y.is_empty() {
-                        return;
-                    }
-                    let acts = if int_order(part.m).is_some() {
-                        Acts::Int(qa)
-                    } else {
-                        Acts::F32(x)
-                    };
-                    matvec_impl(part.m, part.bytes, acts, part.rows, part.y)
-                })
-        }),
+        }
     }
 }
 
@@ -685,30 +667,51 @@ pub fn matmul_each(jobs: &mut [MatmulJob], p: Precision) {
     if p == Precision::Exact || jobs.iter().all(|j| int_order(j.m).is_none()) {
         return jobs.par_iter_mut().for_each(|j| one(j, Acts::F32(j.x)));
     }
+    if !each_quantized(jobs, p, |j| (j.m, j.x, j.t), one) {
+        // Called from inside another `matmul_each` (a stolen task): one at a time.
+        for j in jobs.iter_mut() {
+            matmul_with(j.m, j.bytes, j.x, j.t, j.y, p);
+        }
+    }
+}
+
+/// Runs `run` on every item in one parallel section, each with its activations (`input`:
+/// its matrix, `x` `[t, cols]`, `t`) quantized for its matrix into a buffer of its own
+/// ([`EACH_QACTS`], this thread's, reused), or as f32 where the matrix has no integer
+/// kernel. False, with nothing run, when the buffers are in use (called from inside
+/// another such section on this thread).
+fn each_quantized<'a, J: Send>(
+    items: &mut [J],
+    p: Precision,
+    input: impl Fn(&J) -> (&'a Matrix, &'a [f32], usize) + Sync,
+    run: impl Fn(&mut J, Acts) + Sync,
+) -> bool {
     EACH_QACTS.with(|cell| {
         let Ok(mut qas) = cell.try_borrow_mut() else {
-            // Called from inside another `matmul_each` (a stolen task): one at a time.
-            for j in jobs.iter_mut() {
-                matmul_with(j.m, j.bytes, j.x, j.t, j.y, p);
-            }
-            return;
+            return false;
         };
-        while qas.len() < jobs.len() {
+        while qas.len() < items.len() {
             qas.push(QuantizedActs::default());
         }
-        for (j, qa) in jobs.iter().zip(qas.iter_mut()) {
-            if let Some(order) = int_order(j.m) {
-                fill_for(qa, j.m, j.x, j.t, order, p);
+        for (j, qa) in items.iter().zip(qas.iter_mut()) {
+            let (m, x, t) = input(j);
+            if let Some(order) = int_order(m) {
+                fill_for(qa, m, x, t, order, p);
             }
         }
-        jobs.par_iter_mut().zip(qas.par_iter()).for_each(|(j, qa)| {
-            let acts = if int_order(j.m).is_some() {
-                Acts::Int(qa)
-            } else {
-                Acts::F32(j.x)
-            };
-            one(j, acts)
-        });
+        items
+            .par_iter_mut()
+            .zip(qas.par_iter())
+            .for_each(|(j, qa)| {
+                let (m, x, _) = input(j);
+                let acts = if int_order(m).is_some() {
+                    Acts::Int(qa)
+                } else {
+                    Acts::F32(x)
+                };
+                run(j, acts)
+            });
+        true
     })
 }
 

@@ -357,22 +357,10 @@ mod simd {
         _mm256_and_si256(u, _mm256_load_si256(t.mask.as_ptr() as *const __m256i))
     }
 
-    /// The 32 codes `L − u` of the group whose `4·b` bytes start at `p`, in element order.
-    ///
-    /// # Safety
-    /// AVX2; `2·b + 16` bytes are readable at `p`.
-    #[inline(always)]
-    unsafe fn group(p: *const u8, b: usize, t: &WidthTable) -> __m256i {
-        _mm256_sub_epi8(
-            _mm256_load_si256(t.zero.as_ptr() as *const __m256i),
-            group_u(p, b, t),
-        )
-    }
-
     /// The 32 codes `u` of the group whose `4·b` bytes start at `p`, in element order.
     ///
     /// # Safety
-    /// As [`group`].
+    /// AVX2; `2·b + 16` bytes are readable at `p`.
     #[inline(always)]
     unsafe fn group_u(p: *const u8, b: usize, t: &WidthTable) -> __m256i {
         let u = _mm256_packus_epi16(half(p, t), half(p.add(2 * b), t));
@@ -402,17 +390,31 @@ mod simd {
             (self.data.get_unchecked(i).as_ptr().add(4 * b * blk), b, t)
         }
 
-        /// [`group`] of group `blk` of row `i`, through a stack copy near the payload's end.
+        /// The 32 codes `L − u` of group `blk` of row `i`, in element order.
         ///
         /// # Safety
         /// AVX2; `i < R`, `blk < cols / 32`.
         #[inline(always)]
         unsafe fn codes_simd(&self, i: usize, blk: usize) -> __m256i {
+            let t = super::WIDTHS.get_unchecked(*self.width.get_unchecked(i) as usize);
+            _mm256_sub_epi8(
+                _mm256_load_si256(t.zero.as_ptr() as *const __m256i),
+                self.codes_u_simd(i, blk),
+            )
+        }
+
+        /// [`group_u`] of group `blk` of row `i`, through a stack copy near the payload's
+        /// end.
+        ///
+        /// # Safety
+        /// As [`VbitRows::codes_simd`].
+        #[inline(always)]
+        unsafe fn codes_u_simd(&self, i: usize, blk: usize) -> __m256i {
             let (p, b, t) = self.group_at(i, blk);
             if self.loads_in_payload(p, b) {
-                group(p, b, t)
+                group_u(p, b, t)
             } else {
-                group(copied(p, b).as_ptr(), b, t)
+                group_u(copied(p, b).as_ptr(), b, t)
             }
         }
 
@@ -503,6 +505,19 @@ mod simd {
         ]
     }
 
+    /// Each token's finished sum: [`hsum256`] of its accumulator.
+    ///
+    /// # Safety
+    /// AVX.
+    #[inline(always)]
+    unsafe fn acc_sums<const T: usize>(acc: [__m256; T]) -> [f32; T] {
+        let mut out = [0f32; T];
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = hsum256(a);
+        }
+        out
+    }
+
     /// Adds a step to a token's accumulator: the 8 groups' exact `Σ (u − L)·k = Σ u·k −
     /// L·Σ k` ([`lane_sums8`] of the pairwise sums `h`, less `zero` = `L` times the token's
     /// per-group sums at `ks`, zero padded to whole steps; a missing group's dot is 0),
@@ -523,20 +538,10 @@ mod simd {
         *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), s, *acc);
     }
 
-    /// Pairwise sums of adjacent lanes of `a` and `b` (`vphaddd`): the first step of
-    /// [`lane_sums8`], taken as soon as a pair of group dots is ready so that fewer stay
-    /// live.
-    ///
-    /// # Safety
-    /// AVX2.
-    #[inline(always)]
-    unsafe fn hadd(a: __m256i, b: __m256i) -> __m256i {
-        _mm256_hadd_epi32(a, b)
-    }
-
     /// Lane `j` of the result is the sum of group `j`'s lanes, from the four pairwise sums
-    /// `h[m] = hadd(d[2m], d[2m + 1])` of 8 group dots `d`: two more rounds of `vphaddd`
-    /// give each group's low and high 128-bit halves' sums, and the halves are added.
+    /// `h[m] = vphaddd(d[2m], d[2m + 1])` of 8 group dots `d` (taken as soon as a pair of
+    /// dots is ready, so that fewer stay live): two more rounds of `vphaddd` give each
+    /// group's low and high 128-bit halves' sums, and the halves are added.
     ///
     /// # Safety
     /// AVX2.
@@ -566,7 +571,7 @@ mod simd {
         ]
     }
 
-    /// [`hadd`] of the integer dots of [`group_pair`]'s two groups against the 64 int16
+    /// `vphaddd` of the integer dots of [`group_pair`]'s two groups against the 64 int16
     /// codes at `k`.
     ///
     /// # Safety
@@ -574,7 +579,7 @@ mod simd {
     #[inline(always)]
     unsafe fn pair_dot(c: &[__m256i; 4], k: *const i16) -> __m256i {
         let k = k as *const __m256i;
-        hadd(
+        _mm256_hadd_epi32(
             _mm256_add_epi32(
                 _mm256_madd_epi16(c[0], _mm256_loadu_si256(k)),
                 _mm256_madd_epi16(c[1], _mm256_loadu_si256(k.add(1))),
@@ -648,10 +653,9 @@ mod simd {
                 let c = if NIB {
                     // A 4-bit group's 16 bytes are its own: no load leaves the payload.
                     let q = p.add(gb * (g + 2 * m));
+                    // (`m < ⌈n/2⌉`: the pair's first group is always there.)
                     let mut c = [_mm256_setzero_si256(); 4];
-                    if FAST || 2 * m < n {
-                        [c[0], c[1]] = nibble_group(q);
-                    }
+                    [c[0], c[1]] = nibble_group(q);
                     if FAST || 2 * m + 1 < n {
                         [c[2], c[3]] = nibble_group(q.add(16));
                     }
@@ -708,11 +712,7 @@ mod simd {
                 self.step_i16::<B, T, false, NIB>(i, g, (gpr - g).min(8), &regs, xs, &mut acc);
                 g += 8;
             }
-            let mut out = [0f32; T];
-            for (o, a) in out.iter_mut().zip(acc) {
-                *o = hsum256(a);
-            }
-            out
+            acc_sums(acc)
         }
     }
 
@@ -783,7 +783,7 @@ mod simd {
         }
     }
 
-    /// What [`VbitRowsVbmi::step_vnni`] needs of a row's width, in registers.
+    /// What [`VbitRows::step_vnni`] needs of a row's width, in registers.
     struct PairRegs {
         perm: __m512i,
         shift: __m512i,
@@ -822,38 +822,29 @@ mod simd {
         }
 
         /// The codes `u` of groups `g` and `g + 1` of row `i` in the low and high 256 bits
-        /// (the second 0 unless `two`), by the AVX2 extraction ([`group_u`]), each group
-        /// through a zero-padded copy near the payload's end.
+        /// (the second 0 unless `two`), by the AVX2 extraction ([`VbitRows::codes_u_simd`]).
         ///
         /// # Safety
         /// AVX-512 F and AVX2; `i < R`, `g + two < cols / 32`.
         #[inline(always)]
         unsafe fn pair_u(&self, i: usize, g: usize, two: bool) -> __m512i {
-            let (p, b, t) = self.group_at(i, g);
-            let lo = if self.loads_in_payload(p, b) {
-                group_u(p, b, t)
+            let hi = if two {
+                self.codes_u_simd(i, g + 1)
             } else {
-                group_u(copied(p, b).as_ptr(), b, t)
-            };
-            let q = p.add(4 * b);
-            let hi = if !two {
                 _mm256_setzero_si256()
-            } else if self.loads_in_payload(q, b) {
-                group_u(q, b, t)
-            } else {
-                group_u(copied(q, b).as_ptr(), b, t)
             };
-            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(self.codes_u_simd(i, g)), hi)
         }
 
         /// One step of [`IntRowsSimd::row_dot_vnni`]: the `n ≤ 8` groups of row `i` from
         /// group `g` on against the tokens `xs`, into their accumulators. `FAST`: `n = 8`.
         /// Each pair of groups is one masked load (its `8·b` bytes and nothing past them)
-        /// and [`super::PairTable`]'s three instructions to the codes `u`, then per token
-        /// a `vpdpbusd` per level; the 8 groups' lanes are summed as in the AVX2 kernel.
+        /// and [`super::PairTable`]'s three instructions to the codes `u` with `VBMI`, else
+        /// [`VbitRows::pair_u`]; then per token a `vpdpbusd` per level; the 8 groups'
+        /// lanes are summed as in the AVX2 kernel.
         ///
         /// # Safety
-        /// As [`IntRowsSimd::row_dot_vnni`], with VBMI; `g + n ≤ cols / 32`.
+        /// As [`IntRowsSimd::row_dot_vnni`], with VBMI when `VBMI`; `g + n ≤ cols / 32`.
         #[inline(always)]
         unsafe fn step_vnni<const T: usize, const FAST: bool, const VBMI: bool>(
             &self,
@@ -865,10 +856,10 @@ mod simd {
             acc: &mut [__m256; T],
         ) {
             // (No closures here: they would not inherit the caller's target features.)
-            let r = self;
-            let p = r.data.get_unchecked(i).as_ptr().add(4 * t.b * g);
-            r.prefetch_next(i, g);
-            r.prefetch_next(i, g + 4);
+            let p = self.data.get_unchecked(i).as_ptr().add(4 * t.b * g);
+            // The masked loads wait on memory without it (a third of the speed).
+            self.prefetch_next(i, g);
+            self.prefetch_next(i, g + 4);
             let mut d = [[_mm256_setzero_si256(); 8]; T];
             // A partial step's pairs past its groups stay 0.
             let pairs = if FAST { 4 } else { n.div_ceil(2) };
@@ -895,23 +886,24 @@ mod simd {
                     d[2 * m + 1] = _mm512_extracti64x4_epi64::<1>(s);
                 }
             }
-            let s = r.step_scales::<FAST>(i, g, n);
+            let s = self.step_scales::<FAST>(i, g, n);
             for ((a, d), x) in acc.iter_mut().zip(d).zip(xs) {
                 let h = [
-                    hadd(d[0], d[1]),
-                    hadd(d[2], d[3]),
-                    hadd(d[4], d[5]),
-                    hadd(d[6], d[7]),
+                    _mm256_hadd_epi32(d[0], d[1]),
+                    _mm256_hadd_epi32(d[2], d[3]),
+                    _mm256_hadd_epi32(d[4], d[5]),
+                    _mm256_hadd_epi32(d[6], d[7]),
                 ];
                 add_step(a, h, x.ks.as_ptr().add(g), t.zero, s);
             }
         }
 
-        /// A row at a time, 8 groups per step ([`VbitRowsVbmi::step_vnni`]): the codes
-        /// `u` unsigned as stored, `Σ (u − L)·k = Σ u·k − L·Σ k` from the tokens'
-        /// per-group sums, one conversion and one `vcvtph2ps` of 8 scales per step. The
-        /// loop over 8 rows at once spilled its registers and spent a conversion, a
-        /// multiply-add and a scale spread on every pair of groups.
+        /// A row at a time, 8 groups per step ([`VbitRows::step_vnni`]): the codes `u`
+        /// unsigned as stored, `Σ (u − L)·k = Σ u·k − L·Σ k` from the tokens' per-group
+        /// sums, one conversion and one `vcvtph2ps` of 8 scales per step. The loop over 8
+        /// rows at once spilled its registers and spent a conversion, a multiply-add and a
+        /// scale spread on every pair of groups.
+        ///
         /// The codes come from [`super::PairTable`]'s permutes with `VBMI`, else from the
         /// AVX2 extraction: the same integers either way, so the same values bit for bit.
         ///
@@ -923,9 +915,8 @@ mod simd {
             i: usize,
             xs: &[QToken; T],
         ) -> [f32; T] {
-            let r = self;
-            let b = *r.bits.get_unchecked(i) as usize;
-            let pt = super::PAIRS.get_unchecked(*r.width.get_unchecked(i) as usize);
+            let b = *self.bits.get_unchecked(i) as usize;
+            let pt = super::PAIRS.get_unchecked(*self.width.get_unchecked(i) as usize);
             let t = PairRegs {
                 perm: _mm512_load_si512(pt.perm.as_ptr() as *const _),
                 shift: _mm512_load_si512(pt.shift.as_ptr() as *const _),
@@ -935,7 +926,7 @@ mod simd {
                 zero: _mm256_set1_epi32(super::zero_point(b as u8)),
                 b,
             };
-            let gpr = r.cols / 32;
+            let gpr = self.cols / 32;
             let mut acc = [_mm256_setzero_ps(); T];
             let mut g = 0;
             while g + 8 <= gpr {
@@ -945,11 +936,7 @@ mod simd {
             if g < gpr {
                 self.step_vnni::<T, false, VBMI>(i, g, gpr - g, &t, xs, &mut acc);
             }
-            let mut out = [0f32; T];
-            for (o, a) in out.iter_mut().zip(acc) {
-                *o = hsum256(a);
-            }
-            out
+            acc_sums(acc)
         }
     }
 
