@@ -33,6 +33,8 @@
 #   LLAMA_ARGS=     extra llama-bench arguments (e.g. "--poll 0": its threads spin while
 #                   waiting, which costs it most when other processes load the CPUs).
 #   BENCH_DIR=$HOME/.cache/cortiq-bench   imports, llama.cpp quantizations, results.jsonl.
+#   LLAMA_BENCH_NOAMX=  a llama-bench built for AVX-512 without AMX (scripts/build-llama.sh
+#                   noamx prints its path), used where the main one dies in its AMX kernels.
 #   LLAMA_BENCH_AVX2=   a llama-bench built for AVX2 only (scripts/build-llama-avx2.sh prints
 #                   its path): the per-level table then sets our avx2 level beside it
 #                   (decode and 64-token prefill), since the main llama-bench is built for
@@ -43,8 +45,9 @@
 # the run reports it), `--precision exact`, `balanced` and `fast`, and `--prompt-tokens 512`
 # for the long prefill. The reference: `bench F --core --ignore-eos --ctx 64 --tokens N
 # --json`. llama.cpp: `llama-bench -m G -t T -p 64,512 -n TOKENS -r 1 -o json`; on a
-# machine where it dies of SIGILL (rc 132: llama.cpp's AMX repack on a VM without AMX
-# state) it is rerun with `--repack 0`, and the output says so. The measured read
+# machine where it dies of SIGILL or SIGSEGV (rc 132 / 139: llama.cpp's AMX kernels on a VM
+# whose CPU reports AMX) it is rerun with `--repack 0` or LLAMA_BENCH_NOAMX, for its prefill
+# only when its decode runs as built, and the output says so. The measured read
 # bandwidth (`cortiq bench --bandwidth`) is the roofline: effective bandwidth =
 # weight_bytes_per_token × decode tok/s. Perplexity: `cortiq ppl` on the passage the
 # fixtures carry (../shared/fixtures/*/reference.safetensors, metadata "text").
@@ -75,6 +78,7 @@ import json, os, re, statistics, struct, subprocess, sys, time
 E = os.environ
 OURS, REF, LB, LQ = E["OURS"], E["REF"], E["LLAMA_BENCH"], E["LLAMA_QUANTIZE"]
 LB_AVX2 = E.get("LLAMA_BENCH_AVX2") or None
+LB_NOAMX = E.get("LLAMA_BENCH_NOAMX") or None
 DIR, CACHE, FIX = E["BENCH_DIR"], E["CMF_MODELS"], E["FIXTURES"]
 REPS, THREADS, TOKENS = int(E["REPS"]), int(E["THREADS"]), int(E["TOKENS"])
 DECODE_S, SLOW_S, TIMEOUT = float(E["DECODE_S"]), float(E["SLOW_S"]), float(E["TIMEOUT"])
@@ -211,22 +215,40 @@ for model in MODELS:
 # ---------------------------------------------------------------- what this machine runs
 notes = []
 LLAMA_FLAGS = E["LLAMA_ARGS"].split()
+# Where llama.cpp's prefill needs another build or flags than its decode: (binary, flags).
+LLAMA_PREFILL = None
 probe_gguf = next((g for g in ggufs.values() if g), None)
 if probe_gguf:
-    cmd = [LB, "-m", probe_gguf, "-t", str(THREADS), "-p", "8", "-n", "1", "-r", "1", "-o", "json"]
-    rc, _, err, _ = run(cmd + LLAMA_FLAGS)
-    if rc in (132, -4) and "--repack" not in LLAMA_FLAGS:
-        rc2, _, err2, _ = run(cmd + LLAMA_FLAGS + ["--repack", "0"])
-        if rc2 == 0:
-            LLAMA_FLAGS += ["--repack", "0"]
-            notes.append("llama-bench dies with Illegal instruction (rc 132) with its default weight "
-                         "repacking on this machine (AMX without AMX state in this VM): measured "
-                         "with `--repack 0`")
+    def llama_probe(lb, flags, prompt, gen):
+        return run([lb, "-m", probe_gguf, "-t", str(THREADS), "-p", str(prompt), "-n", str(gen),
+                    "-r", "1", "-o", "json"] + flags)
+    rc, _, err, _ = llama_probe(LB, LLAMA_FLAGS, 8, 1)
+    # SIGILL (132) or SIGSEGV (139) in llama.cpp's AMX kernels: seen on two VMs whose CPU
+    # reports AMX (one died of each; on the second gdb showed `ggml_backend_amx_mul_mat`,
+    # in a prefill: its decode, through the same backend's matrix-vector kernels, ran, and
+    # twice as fast as with `--repack 0` or a build without AMX).
+    if rc in (132, -4, 139, -11) and "--repack" not in LLAMA_FLAGS:
+        sig = "Illegal instruction" if rc in (132, -4) else "a segmentation fault"
+        fallback = (LB_NOAMX, LLAMA_FLAGS) if LB_NOAMX else (LB, LLAMA_FLAGS + ["--repack", "0"])
+        how = ("LLAMA_BENCH_NOAMX, llama.cpp built for AVX-512 without AMX "
+               "(`scripts/build-llama.sh noamx`)" if LB_NOAMX else "`--repack 0`")
+        rc_d = llama_probe(LB, LLAMA_FLAGS, 0, 1)[0]
+        rc2, _, err2, _ = llama_probe(*fallback, 8, 1)
+        if rc2 != 0:
+            notes.append(f"llama-bench fails, also with {how} ({why(rc2, err2)})")
+        elif rc_d == 0:
+            LLAMA_PREFILL = fallback
+            notes.append(f"llama-bench dies of {sig} ({why(rc, err)}) in a prefill on this machine "
+                         "(its AMX kernels, on a VM whose CPU reports AMX): its decode is measured "
+                         f"as built, its prefill with {how}")
         else:
-            notes.append(f"llama-bench fails even with --repack 0 ({why(rc2, err2)})")
+            LB, LLAMA_FLAGS = fallback
+            notes.append(f"llama-bench dies of {sig} ({why(rc, err)}) on this machine (its AMX "
+                         f"kernels, on a VM whose CPU reports AMX): measured with {how}")
     elif rc != 0:
         notes.append(f"llama-bench fails ({why(rc, err)})")
-    log("llama-bench: " + (" ".join(LLAMA_FLAGS) or "default flags"))
+    log(f"llama-bench: {LB} " + (" ".join(LLAMA_FLAGS) or "default flags") +
+        (f"; prefill: {LLAMA_PREFILL[0]} {' '.join(LLAMA_PREFILL[1])}" if LLAMA_PREFILL else ""))
 
 def ours_cmd(model, fmt, prompt, tokens, precision=None):
     cmd = [OURS, "bench", cmf_path(model, fmt), "--threads", str(THREADS), "--prompt-tokens",
@@ -274,6 +296,9 @@ class Config:
         self.kind, self.model, self.fmt, self.label = kind, model, fmt, label
         self.cmd, self.env, self.peer = cmd, env or {}, peer
         self.slow, self.runs, self.failed = False, [], None
+        # A second command whose JSON list joins the first's (llama.cpp's prefill, where it
+        # needs another build or flags than its decode).
+        self.cmd_prefill = None
 
     def key(self):
         return (self.kind, self.model, self.fmt or self.peer, self.label)
@@ -347,15 +372,22 @@ for model in MODELS:
     for t in sorted({t for f in FORMATS for t in PEERS[f]}):
         g = ggufs.get((model, t))
         if g and probe_gguf and not any(n.startswith("llama-bench fails") for n in notes):
-            configs.append(Config("llama", model, None, "llama",
-                                  [LB, "-m", g, "-t", str(THREADS), "-p", f"{PROMPT},{LONG}",
-                                   "-n", str(TOKENS), "-r", "1", "-o", "json"] + LLAMA_FLAGS,
+            llama_cmd = lambda lb, flags, p, n: [lb, "-m", g, "-t", str(THREADS), "-p", p, "-n",
+                                                 str(n), "-r", "1", "-o", "json"] + flags
+            if LLAMA_PREFILL:
+                c = Config("llama", model, None, "llama", llama_cmd(LB, LLAMA_FLAGS, "0", TOKENS),
+                           peer=t)
+                c.cmd_prefill = llama_cmd(*LLAMA_PREFILL, f"{PROMPT},{LONG}", 0)
+            else:
+                c = Config("llama", model, None, "llama",
+                           llama_cmd(LB, LLAMA_FLAGS, f"{PROMPT},{LONG}", TOKENS), peer=t)
+            configs.append(c)
+        # The AVX2 build has no AMX kernels: only the user's flags, whatever the main one needed.
+        if g and LB_AVX2 and "avx2" in LEVELS:
+            configs.append(Config("llama", model, None, "llama:avx2",
+                                  [LB_AVX2, "-m", g, "-t", str(THREADS), "-p", str(PROMPT),
+                                   "-n", str(TOKENS), "-r", "1", "-o", "json"] + E["LLAMA_ARGS"].split(),
                                   peer=t))
-            if LB_AVX2 and "avx2" in LEVELS:
-                configs.append(Config("llama", model, None, "llama:avx2",
-                                      [LB_AVX2, "-m", g, "-t", str(THREADS), "-p", str(PROMPT),
-                                       "-n", str(TOKENS), "-r", "1", "-o", "json"] + LLAMA_FLAGS,
-                                      peer=t))
 
 
 def parse(c, out):
@@ -382,8 +414,13 @@ for rnd in range(REPS):
         load = os.getloadavg()[0]
         loads.append(load)
         rc, out, err, s = run(c.cmd, c.env)
+        if rc == 0 and c.cmd_prefill:
+            rc, out2, err, s2 = run(c.cmd_prefill, c.env)
+            s += s2
+            if rc == 0:
+                out = json.dumps(first_json(out) + first_json(out2))
         entry = dict(kind=c.kind, round=rnd, model=c.model, format=c.fmt, peer=c.peer,
-                     config=c.label, cmd=c.cmd, env=c.env, seconds=round(s, 2), loadavg=load)
+                     config=c.label, cmd=c.cmd + (["&&"] + c.cmd_prefill if c.cmd_prefill else []), env=c.env, seconds=round(s, 2), loadavg=load)
         try:
             if rc != 0:
                 raise RuntimeError(why(rc, err))

@@ -1,27 +1,3 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-bench for AVX2 only (no AVX-512, no VNNI), from the same
-# llama-cpp-python source package as ../shared/bench/peers.sh, into
-# $CMF_PEERS_AVX2 (default ~/.cache/cmf-peers-avx2): the peer of our `CORTIQ_SIMD=avx2`
-# level on a machine that has AVX-512, so that the per-level table of
-# scripts/bench-inference.sh compares like with like (LLAMA_BENCH_AVX2=<printed path>).
-# Idempotent; the first run takes ~15 minutes on 2 cores. Prints the binary's path.
-set -euo pipefail
-OUT="${CMF_PEERS_AVX2:-$HOME/.cache/cmf-peers-avx2}"
-mkdir -p "$OUT/bin"
-if [ ! -x "$OUT/bin/llama-bench" ]; then
-  command -v cmake >/dev/null || { echo "build-llama-avx2.sh: needs cmake (apt-get install -y cmake)" >&2; exit 2; }
-  tmp="$(mktemp -d)"
-  trap 'rm -rf "$tmp"' EXIT
-  python3 -m pip download --quiet --no-deps --no-binary :all: -d "$tmp" llama-cpp-python==0.3.36 >&2
-  tar -xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$tmp"
-  src="$(echo "$tmp"/llama_cpp_python-*/vendor/llama.cpp)"
-  cmake -S "$src" -B "$tmp/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF \
-        -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
-        -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF \
-        -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
-        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF >&2
-  cmake --build "$tmp/build" -j"$(nproc)" --target llama-bench >&2
-  cp "$tmp/build/bin/llama-bench" "$OUT/bin/llama-bench.tmp"
-  mv "$OUT/bin/llama-bench.tmp" "$OUT/bin/llama-bench"
-fi
-echo "$OUT/bin/llama-bench"
+# llama.cpp's llama-bench for AVX2 only: `scripts/build-llama.sh avx2` (see there).
+exec "$(dirname "$0")/build-llama.sh" avx2
