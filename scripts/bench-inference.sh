@@ -212,6 +212,14 @@ for model in MODELS:
     passages[model] = path
     ref_ppl[model] = json.loads(meta["text_ppl"]) if "text_ppl" in meta else None
 
+
+def llama_cmd(lb, gguf, flags, prompt, gen):
+    """`llama-bench` `lb` on `gguf`: `prompt` (one size, or "64,512") and `gen` tokens, one
+    repetition, JSON out, with `flags`."""
+    return [lb, "-m", gguf, "-t", str(THREADS), "-p", str(prompt), "-n", str(gen), "-r", "1",
+            "-o", "json"] + flags
+
+
 # ---------------------------------------------------------------- what this machine runs
 notes = []
 LLAMA_FLAGS = E["LLAMA_ARGS"].split()
@@ -220,8 +228,7 @@ LLAMA_PREFILL = None
 probe_gguf = next((g for g in ggufs.values() if g), None)
 if probe_gguf:
     def llama_probe(lb, flags, prompt, gen):
-        return run([lb, "-m", probe_gguf, "-t", str(THREADS), "-p", str(prompt), "-n", str(gen),
-                    "-r", "1", "-o", "json"] + flags)
+        return run(llama_cmd(lb, probe_gguf, flags, prompt, gen))
     rc, _, err, _ = llama_probe(LB, LLAMA_FLAGS, 8, 1)
     # SIGILL (132) or SIGSEGV (139) in llama.cpp's AMX kernels: seen on two VMs whose CPU
     # reports AMX (one died of each; on the second gdb showed `ggml_backend_amx_mul_mat`,
@@ -372,21 +379,19 @@ for model in MODELS:
     for t in sorted({t for f in FORMATS for t in PEERS[f]}):
         g = ggufs.get((model, t))
         if g and probe_gguf and not any(n.startswith("llama-bench fails") for n in notes):
-            llama_cmd = lambda lb, flags, p, n: [lb, "-m", g, "-t", str(THREADS), "-p", p, "-n",
-                                                 str(n), "-r", "1", "-o", "json"] + flags
             if LLAMA_PREFILL:
-                c = Config("llama", model, None, "llama", llama_cmd(LB, LLAMA_FLAGS, "0", TOKENS),
-                           peer=t)
-                c.cmd_prefill = llama_cmd(*LLAMA_PREFILL, f"{PROMPT},{LONG}", 0)
+                c = Config("llama", model, None, "llama",
+                           llama_cmd(LB, g, LLAMA_FLAGS, 0, TOKENS), peer=t)
+                lb, flags = LLAMA_PREFILL
+                c.cmd_prefill = llama_cmd(lb, g, flags, f"{PROMPT},{LONG}", 0)
             else:
                 c = Config("llama", model, None, "llama",
-                           llama_cmd(LB, LLAMA_FLAGS, f"{PROMPT},{LONG}", TOKENS), peer=t)
+                           llama_cmd(LB, g, LLAMA_FLAGS, f"{PROMPT},{LONG}", TOKENS), peer=t)
             configs.append(c)
         # The AVX2 build has no AMX kernels: only the user's flags, whatever the main one needed.
         if g and LB_AVX2 and "avx2" in LEVELS:
             configs.append(Config("llama", model, None, "llama:avx2",
-                                  [LB_AVX2, "-m", g, "-t", str(THREADS), "-p", str(PROMPT),
-                                   "-n", str(TOKENS), "-r", "1", "-o", "json"] + E["LLAMA_ARGS"].split(),
+                                  llama_cmd(LB_AVX2, g, E["LLAMA_ARGS"].split(), PROMPT, TOKENS),
                                   peer=t))
 
 
@@ -419,8 +424,9 @@ for rnd in range(REPS):
             s += s2
             if rc == 0:
                 out = json.dumps(first_json(out) + first_json(out2))
+        cmd = c.cmd + (["&&"] + c.cmd_prefill if c.cmd_prefill else [])
         entry = dict(kind=c.kind, round=rnd, model=c.model, format=c.fmt, peer=c.peer,
-                     config=c.label, cmd=c.cmd + (["&&"] + c.cmd_prefill if c.cmd_prefill else []), env=c.env, seconds=round(s, 2), loadavg=load)
+                     config=c.label, cmd=cmd, env=c.env, seconds=round(s, 2), loadavg=load)
         try:
             if rc != 0:
                 raise RuntimeError(why(rc, err))

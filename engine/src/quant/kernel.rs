@@ -526,9 +526,9 @@ pub(crate) struct QuantizedActs {
     /// VNNI, [`int16_avx2_target`]; else empty).
     k: Vec<i16>,
     /// `[t, groups rounded up to 8]` the sum of each group's `k = 256·q + q₂`, zero padded
-    /// (filled on request for split tokens, [`QuantizedActs::fill_group_sums`]): a kernel may take unsigned codes `u = c + o` with an offset `o` of its row's
-    /// own, `Σ c·k = Σ u·k − o·Σ k`, 8 groups per load ([`IntRowsSimd::row_dot_i16`] of
-    /// `vbit`).
+    /// (filled on request for split tokens, [`QuantizedActs::fill_group_sums`]): a kernel
+    /// may take unsigned codes `u = c + o` with an offset `o` of its row's own,
+    /// `Σ c·k = Σ u·k − o·Σ k`, 8 groups per load (the `vbit` row kernels).
     ks: Vec<i32>,
     /// `[t, groups·32]` the int16 codes `k` of each group in [`ActOrder::NibblePairs`]
     /// order, even elements then odd ones (filled on request, [`QuantizedActs::fill_pairs16`]):
