@@ -17,7 +17,7 @@
 #       Q4_0 and Q4_K_M; vbit vs Q4_K_M; q1t vs TQ2_0 and TQ1_0, all made from the same
 #       source GGUF with `llama-quantize --allow-requantize` (a type it cannot make, or
 #       makes mostly from fallback types, is said so in the table).
-#   LEVELS="scalar avx2 avx512"   SIMD levels of the second table (CORTIQ_SIMD, and the
+#   LEVELS="scalar avx2 avxvnni avx512"   SIMD levels of the second table (CORTIQ_SIMD, and the
 #       older CORTIQ_KERNEL, set to each); default: every level the CPU has, detected
 #       by asking `cortiq bench` which kernel it ran.
 #   SCALAR_MODELS="smollm2-135m"  SCALAR_FORMATS="q8_row q4_block"   the scalar level is
@@ -35,10 +35,12 @@
 #   BENCH_DIR=$HOME/.cache/cortiq-bench   imports, llama.cpp quantizations, results.jsonl.
 #   LLAMA_BENCH_NOAMX=  a llama-bench built for AVX-512 without AMX (scripts/build-llama.sh
 #                   noamx prints its path), used where the main one dies in its AMX kernels.
-#   LLAMA_BENCH_AVX2=   a llama-bench built for AVX2 only (scripts/build-llama-avx2.sh prints
+#   LLAMA_BENCH_AVX2=   a llama-bench built for AVX2 only (scripts/build-llama.sh avx2 prints
 #                   its path): the per-level table then sets our avx2 level beside it
 #                   (decode and 64-token prefill), since the main llama-bench is built for
 #                   this CPU's best level.
+#   LLAMA_BENCH_AVXVNNI=  the same for our avxvnni level: llama-bench built for AVX2 with
+#                   AVX-VNNI (scripts/build-llama.sh avxvnni).
 #
 # Our runs: `cortiq bench F --threads T --prompt-tokens 64 --tokens N --repeat 1 --json
 # --no-verify` (each file is verified once first) at the default precision (its name as
@@ -77,7 +79,9 @@ import json, os, re, statistics, struct, subprocess, sys, time
 
 E = os.environ
 OURS, REF, LB, LQ = E["OURS"], E["REF"], E["LLAMA_BENCH"], E["LLAMA_QUANTIZE"]
-LB_AVX2 = E.get("LLAMA_BENCH_AVX2") or None
+# llama-bench builds for our lower SIMD levels: level -> binary.
+LEVEL_PEERS = {level: E[var] for level, var in (("avx2", "LLAMA_BENCH_AVX2"),
+                                               ("avxvnni", "LLAMA_BENCH_AVXVNNI")) if E.get(var)}
 LB_NOAMX = E.get("LLAMA_BENCH_NOAMX") or None
 DIR, CACHE, FIX = E["BENCH_DIR"], E["CMF_MODELS"], E["FIXTURES"]
 REPS, THREADS, TOKENS = int(E["REPS"]), int(E["THREADS"]), int(E["TOKENS"])
@@ -93,7 +97,7 @@ PEERS = {
     "q4_block": ["Q4_0", "Q4_K_M"], "q4_tiled": ["Q4_0", "Q4_K_M"], "q4tp": ["Q4_0", "Q4_K_M"],
     "vbit": ["Q4_K_M"], "q1t": ["TQ2_0", "TQ1_0"],
 }
-ALL_LEVELS = ["scalar", "avx2", "avx512"]
+ALL_LEVELS = ["scalar", "avx2", "avxvnni", "avx512"]
 
 
 def die(msg):
@@ -388,11 +392,12 @@ for model in MODELS:
                 c = Config("llama", model, None, "llama",
                            llama_cmd(LB, g, LLAMA_FLAGS, f"{PROMPT},{LONG}", TOKENS), peer=t)
             configs.append(c)
-        # The AVX2 build has no AMX kernels: only the user's flags, whatever the main one needed.
-        if g and LB_AVX2 and "avx2" in LEVELS:
-            configs.append(Config("llama", model, None, "llama:avx2",
-                                  llama_cmd(LB_AVX2, g, E["LLAMA_ARGS"].split(), PROMPT, TOKENS),
-                                  peer=t))
+        # These builds have no AMX kernels: only the user's flags, whatever the main one needed.
+        for level, lb in LEVEL_PEERS.items():
+            if g and level in LEVELS:
+                configs.append(Config("llama", model, None, "llama:" + level,
+                                      llama_cmd(lb, g, E["LLAMA_ARGS"].split(), PROMPT, TOKENS),
+                                      peer=t))
 
 
 def parse(c, out):
@@ -564,10 +569,10 @@ print(f"Per SIMD level (CORTIQ_SIMD), default precision: decode tok/s / prefill 
       + (f"; scalar only on {' '.join(SCALAR_MODELS)} × {' '.join(SCALAR_FORMATS)} (slow; "
          f"SCALAR_MODELS/SCALAR_FORMATS=all for every one)" if "scalar" in LEVELS else ""))
 print()
-avx2_peer = LB_AVX2 and "avx2" in LEVELS
-print("| model | format | " + " | ".join(LEVELS) + " |"
-      + (" peer | llama.cpp AVX2 decode | avx2 ÷ | llama.cpp AVX2 prefill | avx2 ÷ |" if avx2_peer else ""))
-print("|---|---|" + "---|" * (len(LEVELS) + (5 if avx2_peer else 0)))
+peered = [l for l in LEVELS if l in LEVEL_PEERS]
+print("| model | format | " + " | ".join(LEVELS) + " |" + (" peer |" if peered else "")
+      + "".join(f" llama.cpp {l} decode | {l} ÷ | llama.cpp {l} prefill | {l} ÷ |" for l in peered))
+print("|---|---|" + "---|" * (len(LEVELS) + (1 if peered else 0) + 4 * len(peered)))
 for model in MODELS:
     for fmt in FORMATS:
         if (model, fmt) not in default_precision:
@@ -579,14 +584,17 @@ for model in MODELS:
             p, _, _ = med("ours", model, fmt, label, "prefill")
             cells.append("—" if d is None else f"{cell(d, one=d1)} / {cell(p)}")
         row = f"| {model} | {fmt} | " + " | ".join(cells) + " |"
-        if LB_AVX2 and "avx2" in LEVELS:
-            d, _, _ = med("ours", model, fmt, "level:avx2", "decode")
-            p, _, _ = med("ours", model, fmt, "level:avx2", "prefill")
-            peers = PEERS[fmt]
-            ld = [med("llama", model, t, "llama:avx2", "decode")[0] for t in peers]
-            lp = [med("llama", model, t, "llama:avx2", "prefill")[0] for t in peers]
+        peers = PEERS[fmt]
+        if peered:
+            row += f" {' / '.join(peers)} |"
+        for level in peered:
+            label = "default" if level == DEFAULT_KERNEL else "level:" + level
+            d, _, _ = med("ours", model, fmt, label, "decode")
+            p, _, _ = med("ours", model, fmt, label, "prefill")
+            ld = [med("llama", model, t, "llama:" + level, "decode")[0] for t in peers]
+            lp = [med("llama", model, t, "llama:" + level, "prefill")[0] for t in peers]
             rat = lambda a, bs: " / ".join("—" if a is None or b is None else f"{a / b:.2f}" for b in bs)
-            row += (f" {' / '.join(peers)} | {' / '.join(cell(x) for x in ld)} | {rat(d, ld)} | "
+            row += (f" {' / '.join(cell(x) for x in ld)} | {rat(d, ld)} | "
                     f"{' / '.join(cell(x) for x in lp)} | {rat(p, lp)} |")
         print(row)
 print()

@@ -6,6 +6,10 @@
 #                                   (~/.cache/cmf-peers-avx2): the peer of our
 #                                   `CORTIQ_SIMD=avx2` level on a machine that has AVX-512,
 #                                   for scripts/bench-inference.sh's LLAMA_BENCH_AVX2.
+#   scripts/build-llama.sh avxvnni  AVX2 with AVX-VNNI (no AVX-512) into $CMF_PEERS_AVXVNNI
+#                                   (~/.cache/cmf-peers-avxvnni): the peer of our
+#                                   `CORTIQ_SIMD=avxvnni` level (an Alder Lake-class CPU),
+#                                   for bench-inference.sh's LLAMA_BENCH_AVXVNNI.
 #   scripts/build-llama.sh noamx    AVX-512 with VNNI, VBMI and BF16 but no AMX, into
 #                                   $CMF_PEERS_NOAMX (~/.cache/cmf-peers-noamx): for a VM
 #                                   whose CPU reports AMX but whose llama.cpp dies in its
@@ -21,11 +25,15 @@ case "${1:-}" in
     OUT="${CMF_PEERS_AVX2:-$HOME/.cache/cmf-peers-avx2}"
     ISA=(-DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
          -DGGML_AVX_VNNI=OFF) ;;
+  avxvnni)
+    OUT="${CMF_PEERS_AVXVNNI:-$HOME/.cache/cmf-peers-avxvnni}"
+    ISA=(-DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
+         -DGGML_AVX_VNNI=ON) ;;
   noamx)
     OUT="${CMF_PEERS_NOAMX:-$HOME/.cache/cmf-peers-noamx}"
     ISA=(-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
          -DGGML_AVX_VNNI=ON) ;;
-  *) echo "usage: scripts/build-llama.sh avx2|noamx" >&2; exit 2 ;;
+  *) echo "usage: scripts/build-llama.sh avx2|avxvnni|noamx" >&2; exit 2 ;;
 esac
 mkdir -p "$OUT/bin"
 if [ ! -x "$OUT/bin/llama-bench" ]; then

@@ -27,7 +27,9 @@ pub(crate) fn level(k: Kernel) -> Level {
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512 if k.is_available() => Level::Avx512,
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512 | Kernel::Avx2 if Kernel::Avx2.is_available() => Level::Avx2,
+        Kernel::Avx512 | Kernel::Avx2 | Kernel::AvxVnni if Kernel::Avx2.is_available() => {
+            Level::Avx2
+        }
         _ => Level::Scalar,
     }
 }

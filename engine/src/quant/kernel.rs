@@ -22,20 +22,26 @@ use rayon::prelude::*;
 pub const STEP: usize = 32;
 
 /// Instruction set a [`super::matrix::Matrix`] multiplies with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kernel {
     /// Portable scalar code: the reference the SIMD kernels are tested against.
     Scalar,
     /// x86-64 AVX2 + FMA + F16C, 8 lanes.
     Avx2,
+    /// [`Kernel::Avx2`] with AVX-VNNI: `vpdpbusd` / `vpdpwssd` on 256 bits, as on a CPU
+    /// with AVX-VNNI but no AVX-512 (Intel's client cores since Alder Lake, its E-core
+    /// Xeons). Prefill's packed panels multiply-add bytes and int16 pairs in one
+    /// instruction ([`super::panel`]); everything else runs [`Kernel::Avx2`]'s code.
+    AvxVnni,
     /// x86-64 AVX-512 F/BW/VL (+ AVX2, FMA, F16C), 16 lanes.
     Avx512,
 }
 
 impl Kernel {
     /// The fastest kernel this CPU runs (detected at run time), or a lower one when
-    /// `CORTIQ_SIMD=scalar|avx2|avx512` (or its older name `CORTIQ_KERNEL`) asks for it,
-    /// to measure each SIMD level on one machine; a level the CPU lacks is never chosen.
+    /// `CORTIQ_SIMD=scalar|avx2|avxvnni|avx512` (or its older name `CORTIQ_KERNEL`) asks
+    /// for it, to measure each SIMD level on one machine; a level the CPU lacks is never
+    /// chosen (the next lower one it has is).
     pub fn detect() -> Kernel {
         // Read once: every matrix of a model asks at load.
         static CAP: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
@@ -44,16 +50,29 @@ impl Kernel {
             match asked.as_deref() {
                 Ok("scalar") => Kernel::Scalar,
                 Ok("avx2") => Kernel::Avx2,
+                Ok("avxvnni") => Kernel::AvxVnni,
                 _ => Kernel::Avx512,
             }
         });
-        if cap == Kernel::Avx512 && Kernel::Avx512.is_available() {
-            Kernel::Avx512
-        } else if cap != Kernel::Scalar && Kernel::Avx2.is_available() {
-            Kernel::Avx2
-        } else {
-            Kernel::Scalar
-        }
+        Kernel::ALL
+            .into_iter()
+            .rev()
+            .find(|&k| k <= cap && k.is_available())
+            .unwrap_or(Kernel::Scalar)
+    }
+
+    /// Every level, lowest first.
+    const ALL: [Kernel; 4] = [
+        Kernel::Scalar,
+        Kernel::Avx2,
+        Kernel::AvxVnni,
+        Kernel::Avx512,
+    ];
+
+    /// Whether this level runs [`Kernel::Avx2`]'s code (AVX2 + FMA + F16C, 8 lanes), with
+    /// or without AVX-VNNI's panels.
+    pub fn is_avx2(self) -> bool {
+        matches!(self, Kernel::Avx2 | Kernel::AvxVnni)
     }
 
     /// Whether this CPU can run the kernel (detected once, then one atomic load).
@@ -61,6 +80,7 @@ impl Kernel {
         let bit = match self {
             Kernel::Scalar => return true,
             Kernel::Avx2 => F_AVX2,
+            Kernel::AvxVnni => F_AVX_VNNI,
             Kernel::Avx512 => F_AVX512,
         };
         features() & bit != 0
@@ -71,6 +91,7 @@ impl Kernel {
         match self {
             Kernel::Scalar => "scalar",
             Kernel::Avx2 => "avx2",
+            Kernel::AvxVnni => "avxvnni",
             Kernel::Avx512 => "avx512",
         }
     }
@@ -96,7 +117,7 @@ impl Kernel {
 
     /// Every kernel this CPU runs, scalar first.
     pub fn available() -> Vec<Kernel> {
-        [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512]
+        Kernel::ALL
             .into_iter()
             .filter(|k| k.is_available())
             .collect()
@@ -108,6 +129,8 @@ const F_AVX512: u8 = 2;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const F_VNNI: u8 = 4;
 const F_VBMI: u8 = 8;
+/// AVX-VNNI (with AVX2, FMA and F16C): [`Kernel::AvxVnni`].
+const F_AVX_VNNI: u8 = 16;
 const F_DETECTED: u8 = 128;
 
 /// The instruction sets of this CPU as bits, detected on first use.
@@ -127,6 +150,9 @@ fn features() -> u8 {
             && is_x86_feature_detected!("f16c")
         {
             f |= F_AVX2;
+            if is_x86_feature_detected!("avxvnni") {
+                f |= F_AVX_VNNI;
+            }
             if is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("avx512vl")
@@ -218,7 +244,9 @@ pub(crate) fn run<D: Rows, const R: usize, const T: usize>(
         Kernel::Avx512 if k.is_available() => unsafe { fused_avx512::<D, R, T>(d, xs, out) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 if k.is_available() => unsafe { fused_avx2::<D, R, T>(d, xs, out) },
+        Kernel::Avx2 | Kernel::AvxVnni if k.is_available() => unsafe {
+            fused_avx2::<D, R, T>(d, xs, out)
+        },
         _ => fused_scalar::<D, R, T>(d, xs, out),
     }
 }
@@ -651,7 +679,9 @@ fn quantize_token(xr: &[f32], order: ActOrder, split: bool, out: TokenCodes) {
         // SAFETY: `detect` returns a level only where the CPU has it (AVX-512 F/BW/VL
         // with AVX2, FMA and F16C; AVX2 with FMA and F16C).
         Kernel::Avx512 => return unsafe { quantize_token_avx512(xr, order, split, out) },
-        Kernel::Avx2 => return unsafe { quantize_token_avx2(xr, order, split, out) },
+        Kernel::Avx2 | Kernel::AvxVnni => {
+            return unsafe { quantize_token_avx2(xr, order, split, out) }
+        }
         Kernel::Scalar => {}
     }
     quantize_token_body(xr, order, split, out)
@@ -1537,7 +1567,7 @@ pub(crate) fn run_int<D: IntRows, const R: usize, const T: usize>(
         // SAFETY: AVX2/FMA/F16C are present (checked in the guard; `Avx512` implies them),
         // and so are the int16 codes (checked here).
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512 | Kernel::Avx2
+        Kernel::Avx512 | Kernel::Avx2 | Kernel::AvxVnni
             if Kernel::Avx2.is_available()
                 && split
                 && D::GROUP_SCALES
@@ -1552,7 +1582,7 @@ pub(crate) fn run_int<D: IntRows, const R: usize, const T: usize>(
         },
         // SAFETY: AVX2/FMA/F16C are present (checked in the guard; `Avx512` implies them).
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512 | Kernel::Avx2 if Kernel::Avx2.is_available() => unsafe {
+        Kernel::Avx512 | Kernel::Avx2 | Kernel::AvxVnni if Kernel::Avx2.is_available() => unsafe {
             if split {
                 int_avx::<D, R, T, false, true>(d, xs, out)
             } else {
@@ -2335,7 +2365,7 @@ fn run_wide<D: IntRows, const R: usize, const T: usize>(
         Kernel::Avx512 if has_vnni() => unsafe { wide_avx512_target::<D, R, T>(d, xs) },
         // SAFETY: AVX2 is present (checked in the guard).
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512 | Kernel::Avx2 if Kernel::Avx2.is_available() => unsafe {
+        Kernel::Avx512 | Kernel::Avx2 | Kernel::AvxVnni if Kernel::Avx2.is_available() => unsafe {
             wide_avx2_target::<D, R, T>(d, xs)
         },
         _ => wide_scalar::<D, R, T>(d, xs),

@@ -757,11 +757,21 @@ fn grouped_prefill_agrees_with_its_matvecs_and_the_scalar_reference() {
             let mut ys = vec![0.0; t * g.rows];
             matmul_with(&scalar, &bytes, &x, t, &mut ys, p);
             let groups = g.cols / 32;
+            let mut avx2_bits = None;
             for k in Kernel::available() {
                 let mut m = scalar.clone();
                 m.set_kernel(k).unwrap();
                 let mut y = vec![f32::NAN; t * g.rows];
                 matmul_with(&m, &bytes, &x, t, &mut y, p);
+                // AVX-VNNI's panels sum the same group integers as AVX2's.
+                match k {
+                    Kernel::Avx2 => avx2_bits = Some(bits(&y)),
+                    Kernel::AvxVnni => assert!(
+                        avx2_bits == Some(bits(&y)),
+                        "{dtype} {shape:?} t={t}: avxvnni vs avx2"
+                    ),
+                    _ => {}
+                }
                 let mut yv = vec![f32::NAN; t * g.rows];
                 for i in 0..t {
                     let xi = &x[i * g.cols..(i + 1) * g.cols];
@@ -1037,7 +1047,9 @@ fn quantize_simd_equals_the_scalar_body() {
                             Kernel::Avx512 => unsafe {
                                 quantize_token_avx512(&x, order, split, out)
                             },
-                            Kernel::Avx2 => unsafe { quantize_token_avx2(&x, order, split, out) },
+                            Kernel::Avx2 | Kernel::AvxVnni => unsafe {
+                                quantize_token_avx2(&x, order, split, out)
+                            },
                             Kernel::Scalar => quantize_token_body(&x, order, split, out),
                         }
                         let d: Vec<u32> = d.iter().map(|v| v.to_bits()).collect();

@@ -1894,7 +1894,7 @@ impl Q1tProduct<'_> {
     /// VNNI, and at the AVX2 level. (AVX-512 without them keeps the shared integer
     /// kernels, not measured against the AVX2 one.)
     fn uses_dm(&self) -> bool {
-        (self.k == Kernel::Avx512 && dm_available()) || self.k == Kernel::Avx2
+        (self.k == Kernel::Avx512 && dm_available()) || self.k.is_avx2()
     }
 
     /// Outputs `outs` × tokens `toks`; `put(output, token, value)`. `deq`: the one token's
