@@ -26,6 +26,9 @@ pub const STEP: usize = 32;
 pub enum Kernel {
     /// Portable scalar code: the reference the SIMD kernels are tested against.
     Scalar,
+    /// AArch64 Advanced SIMD, which every AArch64 CPU has: the integer kernels' dots
+    /// ([`super::neon`]); the float paths run the portable code.
+    Neon,
     /// x86-64 AVX2 + FMA + F16C, 8 lanes.
     Avx2,
     /// [`Kernel::Avx2`] with AVX-VNNI: `vpdpbusd` / `vpdpwssd` on 256 bits, as on a CPU
@@ -39,7 +42,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// The fastest kernel this CPU runs (detected at run time), or a lower one when
-    /// `CORTIQ_SIMD=scalar|avx2|avxvnni|avx512` (or its older name `CORTIQ_KERNEL`) asks
+    /// `CORTIQ_SIMD=scalar|neon|avx2|avxvnni|avx512` (or its older name `CORTIQ_KERNEL`) asks
     /// for it, to measure each SIMD level on one machine; a level the CPU lacks is never
     /// chosen (the next lower one it has is).
     pub fn detect() -> Kernel {
@@ -49,6 +52,7 @@ impl Kernel {
             let asked = std::env::var("CORTIQ_SIMD").or_else(|_| std::env::var("CORTIQ_KERNEL"));
             match asked.as_deref() {
                 Ok("scalar") => Kernel::Scalar,
+                Ok("neon") => Kernel::Neon,
                 Ok("avx2") => Kernel::Avx2,
                 Ok("avxvnni") => Kernel::AvxVnni,
                 _ => Kernel::Avx512,
@@ -61,9 +65,10 @@ impl Kernel {
             .unwrap_or(Kernel::Scalar)
     }
 
-    /// Every level, lowest first.
-    const ALL: [Kernel; 4] = [
+    /// Every level, lowest first (a CPU has either NEON or the x86 levels).
+    const ALL: [Kernel; 5] = [
         Kernel::Scalar,
+        Kernel::Neon,
         Kernel::Avx2,
         Kernel::AvxVnni,
         Kernel::Avx512,
@@ -79,6 +84,7 @@ impl Kernel {
     pub fn is_available(self) -> bool {
         let bit = match self {
             Kernel::Scalar => return true,
+            Kernel::Neon => return cfg!(target_arch = "aarch64"),
             Kernel::Avx2 => F_AVX2,
             Kernel::AvxVnni => F_AVX_VNNI,
             Kernel::Avx512 => F_AVX512,
@@ -90,6 +96,7 @@ impl Kernel {
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Scalar => "scalar",
+            Kernel::Neon => "neon",
             Kernel::Avx2 => "avx2",
             Kernel::AvxVnni => "avxvnni",
             Kernel::Avx512 => "avx512",
@@ -682,7 +689,7 @@ fn quantize_token(xr: &[f32], order: ActOrder, split: bool, out: TokenCodes) {
         Kernel::Avx2 | Kernel::AvxVnni => {
             return unsafe { quantize_token_avx2(xr, order, split, out) }
         }
-        Kernel::Scalar => {}
+        Kernel::Scalar | Kernel::Neon => {}
     }
     quantize_token_body(xr, order, split, out)
 }
@@ -1553,6 +1560,10 @@ pub(crate) fn run_int<D: IntRows, const R: usize, const T: usize>(
         }
         return run_wide::<D, R, T>(k, d, xs, out);
     }
+    #[cfg(target_arch = "aarch64")]
+    if k == Kernel::Neon {
+        return super::neon::int_neon::<D, R, T>(d, xs, out);
+    }
     match k {
         // SAFETY: AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C are present (checked in the
         // guard), and the activation lengths were checked above.
@@ -2359,6 +2370,8 @@ fn run_wide<D: IntRows, const R: usize, const T: usize>(
     out: &mut [[f32; T]; R],
 ) {
     let sums = match k {
+        #[cfg(target_arch = "aarch64")]
+        Kernel::Neon => super::neon::wide_neon::<D, R, T>(d, xs),
         // SAFETY: AVX-512 F/BW/VL/VNNI and AVX2 are present (checked in the guard);
         // `run_int` checked the token lengths.
         #[cfg(target_arch = "x86_64")]

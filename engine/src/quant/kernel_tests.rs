@@ -1050,7 +1050,9 @@ fn quantize_simd_equals_the_scalar_body() {
                             Kernel::Avx2 | Kernel::AvxVnni => unsafe {
                                 quantize_token_avx2(&x, order, split, out)
                             },
-                            Kernel::Scalar => quantize_token_body(&x, order, split, out),
+                            Kernel::Scalar | Kernel::Neon => {
+                                quantize_token_body(&x, order, split, out)
+                            }
                         }
                         let d: Vec<u32> = d.iter().map(|v| v.to_bits()).collect();
                         (q, q2, k, d, c, c2)
