@@ -1408,7 +1408,9 @@ struct PanelJob<'a> {
 /// compiled inside AVX-512 target features: they would run on CPUs without them).
 ///
 /// # Safety
-/// As [`panel_tokens`], with AVX2 + FMA instead of AVX-512 when `job.avx2`.
+/// As [`panel_tokens`], with AVX2 + FMA instead of AVX-512 when `job.avx2`, and AVX-VNNI
+/// when `job.avx_vnni` (set for [`Kernel::AvxVnni`] matrices, which only a CPU with it
+/// gets).
 unsafe fn run_panel(
     job: &PanelJob,
     panel: &[u32],
