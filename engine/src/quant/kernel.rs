@@ -1560,11 +1560,9 @@ pub(crate) fn run_int<D: IntRows, const R: usize, const T: usize>(
         }
         return run_wide::<D, R, T>(k, d, xs, out);
     }
-    #[cfg(target_arch = "aarch64")]
-    if k == Kernel::Neon {
-        return super::neon::int_neon::<D, R, T>(d, xs, out);
-    }
     match k {
+        #[cfg(target_arch = "aarch64")]
+        Kernel::Neon => super::neon::int_neon::<D, R, T>(d, xs, out),
         // SAFETY: AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C are present (checked in the
         // guard), and the activation lengths were checked above.
         #[cfg(target_arch = "x86_64")]
@@ -1610,6 +1608,22 @@ pub(crate) fn int_scalar<D: IntRowsScalar, const R: usize, const T: usize>(
     xs: &[QToken; T],
     out: &mut [[f32; T]; R],
 ) {
+    int_rows_with::<D, R, T>(d, xs, out, |c, q| {
+        c.iter().zip(q).map(|(&w, &v)| w as i32 * v as i32).sum()
+    })
+}
+
+/// [`int_scalar`]'s loop with each group's exact dot `dot(codes, activation codes)`
+/// supplied: the scalar one, or a SIMD one that gives the same integers
+/// ([`super::neon`]), so that everything around the sums, and so the values, are the
+/// scalar kernel's.
+#[inline(always)]
+pub(crate) fn int_rows_with<D: IntRowsScalar, const R: usize, const T: usize>(
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+    dot: impl Fn(&[i8; STEP], &[i8; STEP]) -> i32,
+) {
     let mut acc = [[0f32; T]; R];
     let mut c = [0i8; STEP];
     for blk in 0..d.cols().div_ceil(STEP) {
@@ -1618,13 +1632,12 @@ pub(crate) fn int_scalar<D: IntRowsScalar, const R: usize, const T: usize>(
             let s = d.group_scale(i, blk);
             for (a, x) in acc_i.iter_mut().zip(xs) {
                 let codes = blk * STEP..(blk + 1) * STEP;
-                let dot_with =
-                    |q: &[i8]| -> i32 { c.iter().zip(q).map(|(&w, &v)| w as i32 * v as i32).sum() };
-                let mut dot = dot_with(&x.q[codes.clone()]);
+                let level = |q: &[i8]| dot(&c, q[codes.clone()].try_into().expect("32 codes"));
+                let mut sum = level(x.q);
                 if x.split() {
-                    dot = (dot << SPLIT_SHIFT) + dot_with(&x.q2[codes]);
+                    sum = (sum << SPLIT_SHIFT) + level(x.q2);
                 }
-                *a += dot as f32 * s * x.d[blk];
+                *a += sum as f32 * s * x.d[blk];
             }
         }
     }
@@ -2396,6 +2409,19 @@ fn wide_scalar<D: IntRowsScalar, const R: usize, const T: usize>(
     d: &D,
     xs: &[QToken; T],
 ) -> [[i64; T]; R] {
+    wide_with::<D, R, T>(d, xs, |c, k| {
+        c.iter().zip(k).map(|(&w, &v)| w as i64 * v as i64).sum()
+    })
+}
+
+/// [`wide_scalar`]'s loop with each group's exact `Σ c·k` (32 weight codes against 32
+/// int16 codes) supplied, as [`int_rows_with`] takes its dot.
+#[inline(always)]
+pub(crate) fn wide_with<D: IntRowsScalar, const R: usize, const T: usize>(
+    d: &D,
+    xs: &[QToken; T],
+    dot: impl Fn(&[i8; STEP], &[i16; STEP]) -> i64,
+) -> [[i64; T]; R] {
     let mut sums = [[0i64; T]; R];
     let mut c = [0i8; STEP];
     for blk in 0..d.cols().div_ceil(STEP) {
@@ -2403,11 +2429,7 @@ fn wide_scalar<D: IntRowsScalar, const R: usize, const T: usize>(
             d.codes32(i, blk, &mut c);
             for (s, x) in s.iter_mut().zip(xs) {
                 let k = &x.k[blk * STEP..(blk + 1) * STEP];
-                *s += c
-                    .iter()
-                    .zip(k)
-                    .map(|(&w, &v)| w as i64 * v as i64)
-                    .sum::<i64>();
+                *s += dot(&c, k.try_into().expect("a group of 32 codes"));
             }
         }
     }
