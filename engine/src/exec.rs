@@ -4,7 +4,7 @@
 //! no cross-thread injection and no sleep/wake per product, which costs more than a
 //! small product itself.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
 
 /// Fewest tokens whose per-token work (quantizing the activations, the rotary embedding)
@@ -50,6 +50,9 @@ pub fn pool() -> &'static rayon::ThreadPool {
 
 /// Set while a [`spinning`] section runs, so that a nested one runs plainly.
 static SPINNING: AtomicBool = AtomicBool::new(false);
+/// The pool thread running the [`spinning`] section's `f` (its rayon index + 1; 0: none):
+/// the one thread whose loops the spinners help with ([`for_each_index`]).
+static SECTION_OWNER: AtomicUsize = AtomicUsize::new(0);
 
 /// Runs one inference step `f` (a forward pass, or a generation step with its sampling
 /// and drafts) inside the engine's pool, in a [`spinning`] section: the one entry point
@@ -87,6 +90,7 @@ fn spinning<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     impl Drop for Done<'_> {
         fn drop(&mut self) {
             self.0.store(true, Ordering::Release);
+            SECTION_OWNER.store(0, Ordering::Release);
             SPINNING.store(false, Ordering::Release);
         }
     }
@@ -96,7 +100,7 @@ fn spinning<R: Send>(f: impl FnOnce() -> R + Send) -> R {
             return;
         }
         while !done.load(Ordering::Acquire) {
-            if rayon::yield_now() != Some(rayon::Yield::Executed) {
+            if !help_team() && rayon::yield_now() != Some(rayon::Yield::Executed) {
                 std::hint::spin_loop();
             }
         }
@@ -114,11 +118,201 @@ fn spinning<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::join(
         || {
             let _done = Done(&done);
+            SECTION_OWNER.store(me + 1, Ordering::Release);
             f()
         },
         || spinners(n - 1, &spin),
     )
     .0
+}
+
+/// One parallel loop of [`for_each_index`] that the spinners of a [`spinning`] section
+/// take tasks of.
+struct TeamJob<'a> {
+    task: &'a (dyn Fn(usize) + Sync),
+    n: usize,
+    /// The next task to take (past `n`: none left).
+    next: AtomicUsize,
+    /// Tasks finished (or panicked), on a cache line of its own: the owner polls it
+    /// while the helpers still take tasks.
+    done: CacheLine<AtomicUsize>,
+    /// The first panic of a task, resumed on the loop's thread.
+    panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
+}
+
+/// A value alone on its cache line (two lines: the adjacent-line prefetcher pairs them).
+#[repr(align(128))]
+struct CacheLine<T>(T);
+
+impl<T> std::ops::Deref for CacheLine<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+/// The loop the spinners help with (null when none): a [`TeamJob`] on its owner's stack.
+static TEAM: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
+/// Spinners between reading [`TEAM`] and leaving its job: the owner waits for none before
+/// its job goes out of scope.
+static HELPERS: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// Set while this thread runs a task of a [`TeamJob`]: a loop inside one runs in place.
+    static IN_TASK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl TeamJob<'_> {
+    /// Takes and runs tasks until none is left; whether it ran any.
+    fn work(&self) -> bool {
+        let mut ran = 0;
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= self.n {
+                // Counted once, not per task: each count is a cache line taken from the
+                // thread that waits on it.
+                if ran > 0 {
+                    self.done.fetch_add(ran, Ordering::Release);
+                }
+                return ran > 0;
+            }
+            ran += 1;
+            IN_TASK.set(true);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.task)(i)));
+            IN_TASK.set(false);
+            if let Err(p) = r {
+                self.panic
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert(p);
+            }
+        }
+    }
+}
+
+/// A spinner's turn: runs tasks of the published loop, if any; whether it ran one.
+fn help_team() -> bool {
+    if TEAM.load(Ordering::Relaxed).is_null() {
+        return false;
+    }
+    // Counted before the second read, both sequentially consistent: either the owner's
+    // wait sees this helper, or this read sees the owner's null (Dekker's handshake).
+    HELPERS.fetch_add(1, Ordering::SeqCst);
+    let job = TEAM.load(Ordering::SeqCst) as *const TeamJob<'static>;
+    // SAFETY: a non-null `TEAM` points to a live job, and its owner does not leave
+    // `for_each_index` (where it lives) until `HELPERS` is back to zero.
+    let ran = !job.is_null() && unsafe { &*job }.work();
+    HELPERS.fetch_sub(1, Ordering::SeqCst);
+    ran
+}
+
+/// Runs `task(i)` for every `i < n`, in parallel. Inside a [`spinning`] section (a forward
+/// pass) its thread publishes the loop and the section's spinners take its tasks
+/// one at a time from a shared counter, as they come: no deque, no steal, no allocation,
+/// where a rayon loop of a few tasks cost the waiting worker more time in its stealing
+/// than the owner's tasks took to split. Elsewhere (outside a section, on another thread,
+/// inside a task of another such loop) it is a rayon loop or a plain one. A panic in a task reaches the caller once every task is done.
+pub fn for_each_index(n: usize, task: impl Fn(usize) + Sync) {
+    if n <= 1 || IN_TASK.get() {
+        return (0..n).for_each(task);
+    }
+    // Only the section's own thread publishes: a spinner busy with a rayon task of the
+    // section (one expert of a MoE layer, say) would leave its loop to itself, the owner
+    // being in rayon's wait and not among the helpers.
+    let owner = SECTION_OWNER.load(Ordering::Acquire);
+    if owner == 0 || rayon::current_thread_index().map(|i| i + 1) != Some(owner) {
+        use rayon::prelude::*;
+        return (0..n).into_par_iter().for_each(&task);
+    }
+    let job = TeamJob {
+        task: &task,
+        n,
+        next: AtomicUsize::new(0),
+        done: CacheLine(AtomicUsize::new(0)),
+        panic: Mutex::new(None),
+    };
+    let at = &job as *const TeamJob as *mut ();
+    if TEAM
+        .compare_exchange(
+            std::ptr::null_mut(),
+            at,
+            Ordering::SeqCst,
+            Ordering::Relaxed,
+        )
+        .is_err()
+    {
+        use rayon::prelude::*;
+        return (0..n).into_par_iter().for_each(&task);
+    }
+    /// Withdraws the job, on return or unwind, and waits out the helpers still reading it.
+    struct Withdraw;
+    impl Drop for Withdraw {
+        fn drop(&mut self) {
+            TEAM.store(std::ptr::null_mut(), Ordering::SeqCst);
+            while HELPERS.load(Ordering::SeqCst) != 0 {
+                std::hint::spin_loop();
+            }
+        }
+    }
+    let withdraw = Withdraw;
+    job.work();
+    while job.done.load(Ordering::Acquire) < n {
+        std::hint::spin_loop();
+    }
+    drop(withdraw);
+    if let Some(p) = job.panic.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        std::panic::resume_unwind(p);
+    }
+}
+
+/// `task(i, chunk)` for each `chunk`-long piece of `y` (the last may be shorter), `i` its
+/// index, as [`for_each_index`] runs tasks.
+pub fn for_each_chunk_mut<T: Send>(
+    y: &mut [T],
+    chunk: usize,
+    task: impl Fn(usize, &mut [T]) + Sync,
+) {
+    let chunk = chunk.max(1);
+    let n = y.len().div_ceil(chunk);
+    let pieces = Pieces::new(y);
+    for_each_index(n, |i| {
+        // SAFETY: `for_each_index` runs each `i` once, and the pieces of distinct `i` are
+        // disjoint parts of `y`, borrowed mutably for the whole loop.
+        task(i, unsafe { pieces.get(i * chunk, chunk) })
+    })
+}
+
+/// A mutable slice handed out in disjoint pieces to the tasks of a parallel loop.
+pub struct Pieces<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _y: std::marker::PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: the pieces are disjoint (the callers of `get` promise it), so sending the
+// handle across threads is sending `&mut` to disjoint parts of a `T: Send` slice.
+unsafe impl<T: Send> Send for Pieces<'_, T> {}
+unsafe impl<T: Send> Sync for Pieces<'_, T> {}
+
+impl<'a, T> Pieces<'a, T> {
+    /// The handle of `y`, which it borrows mutably while it lives.
+    pub fn new(y: &'a mut [T]) -> Pieces<'a, T> {
+        Pieces {
+            ptr: y.as_mut_ptr(),
+            len: y.len(),
+            _y: std::marker::PhantomData,
+        }
+    }
+
+    /// Entries `from .. from + len`, cut to the slice's end.
+    ///
+    /// # Safety
+    /// No other piece in use overlaps this one.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn get(&self, from: usize, len: usize) -> &'a mut [T] {
+        let from = from.min(self.len);
+        std::slice::from_raw_parts_mut(self.ptr.add(from), len.min(self.len - from))
+    }
 }
 
 /// Cores this process may run on (1 when unknown).
@@ -236,6 +430,102 @@ mod tests {
             let got = rx.recv_timeout(std::time::Duration::from_secs(60));
             assert_eq!(got, Ok((true, 5)), "a section that panicked did not end");
         }
+    }
+
+    #[test]
+    fn a_team_loop_runs_every_task_once_in_a_section_and_out_of_one() {
+        use std::sync::atomic::AtomicU32;
+        let pool = pool2();
+        for n in [0usize, 1, 2, 3, 7, 64, 1000] {
+            let hits: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(0)).collect();
+            let body = || {
+                for_each_index(n, |i| {
+                    hits[i].fetch_add(1, Ordering::Relaxed);
+                    // A loop inside a task runs in place, each of its tasks once too.
+                    let inner = AtomicU32::new(0);
+                    for_each_index(5, |_| {
+                        inner.fetch_add(1, Ordering::Relaxed);
+                    });
+                    assert_eq!(inner.load(Ordering::Relaxed), 5);
+                    std::hint::black_box((0..2000u64).sum::<u64>());
+                })
+            };
+            pool.install(|| spinning(body));
+            body();
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 2),
+                "n = {n}"
+            );
+        }
+        // Chunks cover the slice once, the last one short.
+        let mut y = vec![0u32; 103];
+        pool.install(|| {
+            spinning(|| {
+                for_each_chunk_mut(&mut y, 10, |c, ys| {
+                    assert_eq!(ys.len(), if c == 10 { 3 } else { 10 });
+                    ys.iter_mut().for_each(|v| *v += 1 + c as u32);
+                })
+            })
+        });
+        assert!(y.iter().enumerate().all(|(i, &v)| v == 1 + (i / 10) as u32));
+    }
+
+    #[test]
+    fn a_panic_in_a_team_task_reaches_the_caller_and_the_team_goes_on() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let pool = pool2();
+            for _ in 0..20 {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    pool.install(|| spinning(|| for_each_index(64, |i| assert!(i != 40, "boom"))))
+                }));
+                let sum = AtomicUsize::new(0);
+                pool.install(|| {
+                    spinning(|| {
+                        for_each_index(64, |i| {
+                            sum.fetch_add(i, Ordering::Relaxed);
+                        })
+                    })
+                });
+                tx.send((r.is_err(), sum.load(Ordering::Relaxed))).unwrap();
+            }
+        });
+        for _ in 0..20 {
+            let got = rx.recv_timeout(std::time::Duration::from_secs(60));
+            assert_eq!(
+                got,
+                Ok((true, 64 * 63 / 2)),
+                "a team loop that panicked did not end"
+            );
+        }
+    }
+
+    #[test]
+    fn team_loops_from_two_threads_at_once_both_finish() {
+        // One thread holds the team; the other's loops run as rayon loops meanwhile.
+        let pool = pool2();
+        let total = AtomicUsize::new(0);
+        pool.install(|| {
+            spinning(|| {
+                rayon::join(
+                    || {
+                        for _ in 0..200 {
+                            for_each_index(9, |_| {
+                                total.fetch_add(1, Ordering::Relaxed);
+                            })
+                        }
+                    },
+                    || {
+                        for _ in 0..200 {
+                            for_each_index(7, |_| {
+                                total.fetch_add(1, Ordering::Relaxed);
+                            })
+                        }
+                    },
+                )
+            })
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 200 * 16);
     }
 
     #[test]

@@ -599,11 +599,19 @@ pub fn matvec_multi(parts: &mut [MatvecPart], x: &[f32], p: Precision) {
         .iter()
         .all(|q| int_order(q.m) == order && q.m.dtype != DType::Q8_2f && q.m.cols == m0.cols);
     fn run_all(parts: &mut [MatvecPart], acts: Acts) {
-        parts.par_iter_mut().for_each(|part| {
-            if !part.y.is_empty() {
-                matvec_impl(part.m, part.bytes, acts, part.rows, part.y)
-            }
-        })
+        if !flat_ok(parts.iter().map(|p| p.m)) {
+            return parts.par_iter_mut().for_each(|part| {
+                if !part.y.is_empty() {
+                    matvec_impl(part.m, part.bytes, acts, part.rows, part.y)
+                }
+            });
+        }
+        matvecs_flat(
+            parts
+                .iter_mut()
+                .map(|p| (p.m, p.bytes, p.rows, acts, &mut *p.y)),
+            false,
+        )
     }
     match order {
         Some(order) if p.is_int() && shared => {
@@ -664,10 +672,46 @@ pub fn matmul_each(jobs: &mut [MatmulJob], p: Precision) {
             matmul_impl(j.m, j.bytes, acts, j.t, None, j.y)
         }
     }
+    // A decode step's experts (one token each): their row chunks as one loop.
+    let flat = jobs.iter().all(|j| j.t <= 1) && flat_ok(jobs.iter().map(|j| j.m));
+    let live = |j: &&mut MatmulJob| j.t == 1 && j.m.rows > 0;
     if p == Precision::Exact || jobs.iter().all(|j| int_order(j.m).is_none()) {
+        if flat {
+            return matvecs_flat(
+                jobs.iter_mut()
+                    .filter(live)
+                    .map(|j| (j.m, j.bytes, None, Acts::F32(j.x), &mut *j.y)),
+                true,
+            );
+        }
         return jobs.par_iter_mut().for_each(|j| one(j, Acts::F32(j.x)));
     }
-    if !each_quantized(jobs, p, |j| (j.m, j.x, j.t), one) {
+    let done = if flat {
+        with_each_quantized(
+            jobs,
+            p,
+            |j| (j.m, j.x, j.t),
+            |jobs, qas| {
+                matvecs_flat(
+                    jobs.iter_mut()
+                        .zip(qas)
+                        .filter(|(j, _)| live(j))
+                        .map(|(j, qa)| {
+                            let acts = if int_order(j.m).is_some() {
+                                Acts::Int(qa)
+                            } else {
+                                Acts::F32(j.x)
+                            };
+                            (j.m, j.bytes, None, acts, &mut *j.y)
+                        }),
+                    true,
+                )
+            },
+        )
+    } else {
+        each_quantized(jobs, p, |j| (j.m, j.x, j.t), one)
+    };
+    if !done {
         // Called from inside another `matmul_each` (a stolen task): one at a time.
         for j in jobs.iter_mut() {
             matmul_with(j.m, j.bytes, j.x, j.t, j.y, p);
@@ -686,6 +730,31 @@ fn each_quantized<'a, J: Send>(
     input: impl Fn(&J) -> (&'a Matrix, &'a [f32], usize) + Sync,
     run: impl Fn(&mut J, Acts) + Sync,
 ) -> bool {
+    with_each_quantized(items, p, &input, |items, qas| {
+        items
+            .par_iter_mut()
+            .zip(qas.par_iter())
+            .for_each(|(j, qa)| {
+                let (m, x, _) = input(j);
+                let acts = if int_order(m).is_some() {
+                    Acts::Int(qa)
+                } else {
+                    Acts::F32(x)
+                };
+                run(j, acts)
+            })
+    })
+}
+
+/// Quantizes every item's activations as [`each_quantized`] does, then hands the items and
+/// their buffers (in the same order) to `body`. False, with nothing run, when the buffers
+/// are in use.
+fn with_each_quantized<'a, J>(
+    items: &mut [J],
+    p: Precision,
+    input: impl Fn(&J) -> (&'a Matrix, &'a [f32], usize),
+    body: impl FnOnce(&mut [J], &[QuantizedActs]),
+) -> bool {
     EACH_QACTS.with(|cell| {
         let Ok(mut qas) = cell.try_borrow_mut() else {
             return false;
@@ -699,19 +768,69 @@ fn each_quantized<'a, J: Send>(
                 fill_for(qa, m, x, t, order, p);
             }
         }
-        items
-            .par_iter_mut()
-            .zip(qas.par_iter())
-            .for_each(|(j, qa)| {
-                let (m, x, _) = input(j);
-                let acts = if int_order(m).is_some() {
-                    Acts::Int(qa)
-                } else {
-                    Acts::F32(x)
-                };
-                run(j, acts)
-            });
+        body(items, &qas[..items.len()]);
         true
+    })
+}
+
+/// Most products [`matvecs_flat`] runs as one loop.
+const MAX_FLAT: usize = 32;
+
+/// Whether [`matvecs_flat`] takes these matrices: not too many, and no `q1t` (whose
+/// `matvec` prepares its token once per product).
+fn flat_ok<'a>(ms: impl ExactSizeIterator<Item = &'a Matrix>) -> bool {
+    ms.len() <= MAX_FLAT && ms.into_iter().all(|m| !matches!(m.index, RowIndex::Q1t(_)))
+}
+
+/// Matrix-vector products (each a matrix, its bytes, its selected rows if any, its
+/// activations and its output, as [`matvec_rows_with`]) as one parallel loop over all
+/// their row chunks ([`matvec_chunk`] each), with no wait between one product and the
+/// next: q/k/v or gate/up of one input, a decode step's experts. The callers check
+/// [`flat_ok`] first.
+#[allow(clippy::type_complexity)]
+fn matvecs_flat<'a>(
+    parts: impl Iterator<
+        Item = (
+            &'a Matrix,
+            &'a [u8],
+            Option<&'a [u32]>,
+            Acts<'a>,
+            &'a mut [f32],
+        ),
+    >,
+    whole: bool,
+) {
+    let mut ends = [0usize; MAX_FLAT];
+    let mut chunks = [1usize; MAX_FLAT];
+    let mut outs: [Option<(
+        &Matrix,
+        &[u8],
+        Option<&[u32]>,
+        Acts,
+        crate::exec::Pieces<f32>,
+    )>; MAX_FLAT] = std::array::from_fn(|_| None);
+    let (mut tasks, mut k) = (0, 0);
+    for (m, bytes, rows, acts, y) in parts {
+        assert!(k < MAX_FLAT, "more products than a flat loop takes");
+        chunks[k] = if whole {
+            y.len()
+        } else {
+            matvec_chunk(y.len(), m.cols)
+        }
+        .max(1);
+        tasks += y.len().div_ceil(chunks[k]);
+        ends[k] = tasks;
+        outs[k] = Some((m, bytes, rows, acts, crate::exec::Pieces::new(y)));
+        k += 1;
+    }
+    let ends = &ends[..k];
+    crate::exec::for_each_index(tasks, |task| {
+        let i = ends.partition_point(|&e| e <= task);
+        let c = task - if i == 0 { 0 } else { ends[i - 1] };
+        let (m, bytes, rows, acts, y) = outs[i].as_ref().expect("a product of every task");
+        // SAFETY: task `c` of product `i` runs once, and its chunk of `y` is its own.
+        let ys = unsafe { y.get(c * chunks[i], chunks[i]) };
+        matvec_rows(m, bytes, *acts, *rows, c * chunks[i], ys)
     })
 }
 
@@ -753,9 +872,9 @@ fn matvec_impl(m: &Matrix, bytes: &[u8], acts: Acts, rows: Option<&[u32]>, y: &m
         return q1t_kernel::matvec(&cx, y);
     }
     let chunk = matvec_chunk(y.len(), m.cols);
-    y.par_chunks_mut(chunk)
-        .enumerate()
-        .for_each(|(c, ys)| matvec_rows(m, bytes, acts, rows, c * chunk, ys));
+    crate::exec::for_each_chunk_mut(y, chunk, |c, ys| {
+        matvec_rows(m, bytes, acts, rows, c * chunk, ys)
+    });
 }
 
 /// Outputs per task of a matvec with `n` outputs of `cols` columns (a multiple of 4): enough

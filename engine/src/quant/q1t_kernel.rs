@@ -2224,7 +2224,7 @@ impl Tile for IntTile<'_> {
 pub(crate) fn matvec(cx: &Q1tProduct, y: &mut [f32]) {
     let chunk = matvec_chunk(y.len(), cx.g.cols);
     let mut run = |deq: &[f32]| {
-        y.par_chunks_mut(chunk).enumerate().for_each(|(c, ys)| {
+        crate::exec::for_each_chunk_mut(y, chunk, |c, ys| {
             let o0 = c * chunk;
             cx.block(o0..o0 + ys.len(), 0..1, deq, &mut |o, _, v| ys[o - o0] = v);
         })
