@@ -246,33 +246,35 @@ impl Attention {
         // Token `i`'s heads, the query heads of a KV head together where all of them are
         // live (their scores and weighted values then share each key's loads).
         let g = nq / nkv;
-        let token = |i: usize, row: &mut [f32]| {
-            for (kvh, outs) in row.chunks_exact_mut(g * hd).enumerate() {
-                let heads_of = kvh * g..(kvh + 1) * g;
-                if (2..=MAX_GROUP).contains(&g)
-                    && heads.is_none_or(|live| live[heads_of.clone()].iter().all(|&l| l))
-                {
-                    let qs = &q[(i * nq + heads_of.start) * hd..(i * nq + heads_of.end) * hd];
-                    self.attend_group(qs, g, pos0 + i, kvh, kv, outs);
-                } else {
-                    for (hq, o) in heads_of.zip(outs.chunks_exact_mut(hd)) {
-                        head(i, hq, o);
-                    }
+        let kv_head = |i: usize, kvh: usize, outs: &mut [f32]| {
+            let heads_of = kvh * g..(kvh + 1) * g;
+            if (2..=MAX_GROUP).contains(&g)
+                && heads.is_none_or(|live| live[heads_of.clone()].iter().all(|&l| l))
+            {
+                let qs = &q[(i * nq + heads_of.start) * hd..(i * nq + heads_of.end) * hd];
+                self.attend_group(qs, g, pos0 + i, kvh, kv, outs);
+            } else {
+                for (hq, o) in heads_of.zip(outs.chunks_exact_mut(hd)) {
+                    head(i, hq, o);
                 }
             }
         };
         if t > 1 {
             att.par_chunks_mut(nq * hd)
                 .enumerate()
-                .for_each(|(i, row)| token(i, row));
-        } else if (pos0 + 1) * nq * hd < 1 << 16 {
-            // A short context is less work than waking the pool for it.
-            token(0, att);
+                .for_each(|(i, row)| {
+                    for (kvh, outs) in row.chunks_exact_mut(g * hd).enumerate() {
+                        kv_head(i, kvh, outs)
+                    }
+                });
+        } else if (pos0 + 1) * nq * hd < 1 << 12 {
+            // The first few positions are less work than a parallel loop.
+            for (kvh, outs) in att.chunks_exact_mut(g * hd).enumerate() {
+                kv_head(0, kvh, outs)
+            }
         } else {
-            // A long one: the heads over the pool, one at a time.
-            att.par_chunks_mut(hd)
-                .enumerate()
-                .for_each(|(hq, o)| head(0, hq, o));
+            // One token: its KV heads (each with its query heads) over the pool.
+            crate::exec::for_each_chunk_mut(att, g * hd, |kvh, outs| kv_head(0, kvh, outs));
         }
         if self.output_gate {
             for (a, &g) in att.iter_mut().zip(&s.gate[..t * nq * hd]) {
