@@ -21,7 +21,7 @@
 # a snapshot of the cortiq binary). Idempotent: every product is reused when present.
 # Knobs (environment): ROUNDS=5 (interleaved rounds; medians over them) REPEAT=1 (measurements
 #   per tool call: cortiq bench --repeat, llama-bench -r) PROMPT=64 TOKENS=64 THREADS=2
-#   BITS="8 4" RSS_BITS=8 RSS_TOKENS="1 16 64 256" PRECISIONS="exact fast" NICE=10 CORTIQ=path/to/cortiq
+#   BITS="8 4" RSS_BITS=8 RSS_TOKENS="1 16 64 256" PRECISIONS="balanced exact fast" NICE=10 CORTIQ=path/to/cortiq
 #   KEEP_F16_GGUF=1 (else the f16 GGUF is deleted once quantized) SKIP_RSS=1 SKIP_SPEED=1
 #   LLAMA_BENCH=path LLAMA_ARGS="--repack 0" LLAMA_ENV="OMP_WAIT_POLICY=passive" (see below)
 #   TAG=name (a separate raw/results set)
@@ -44,7 +44,7 @@ THREADS="${THREADS:-2}"
 BITS="${BITS:-8 4}"
 RSS_TOKENS="${RSS_TOKENS:-1 16 64 256}"
 RSS_BITS="${RSS_BITS:-8}"
-PRECISIONS="${PRECISIONS:-exact fast}"
+PRECISIONS="${PRECISIONS:-balanced exact fast}"
 N="nice -n ${NICE:-10}"
 if [ "$SIZE" = small ]; then
   SHAPE=(--hidden 512 --layers 4 --moe-inter 256 --heads 8 --kv-heads 2 --head-dim 64)
@@ -247,6 +247,7 @@ if [ "${SKIP_RSS:-0}" != 1 ]; then
 fi
 
 # ---- 4. report ---------------------------------------------------------------------------
+[ -s "$RAW" ] || { log "nothing measured yet (SKIP_SPEED=1 SKIP_RSS=1): the files are ready in $W"; exit 0; }
 python3 - "$RAW" "$W" "$SIZE" "$HF" "$THREADS" "$PROMPT" "$TOKENS" "$CORTIQ_VERSION" "$LCPP_VER" "$LLAMA_ENV $LLAMA_BENCH $LLAMA_ARGS" "$TAG" <<'PY'
 import json, os, statistics, sys, glob, platform
 raw, w, size, hf, threads, prompt, tokens, cortiq_version, lcpp, llama_cmd, tag = sys.argv[1:]
