@@ -50,9 +50,6 @@ pub fn pool() -> &'static rayon::ThreadPool {
 
 /// Set while a [`spinning`] section runs, so that a nested one runs plainly.
 static SPINNING: AtomicBool = AtomicBool::new(false);
-/// The pool thread running the [`spinning`] section's `f` (its rayon index + 1; 0: none):
-/// the one thread whose loops the spinners help with ([`for_each_index`]).
-static SECTION_OWNER: AtomicUsize = AtomicUsize::new(0);
 
 /// Runs one inference step `f` (a forward pass, or a generation step with its sampling
 /// and drafts) inside the engine's pool, in a [`spinning`] section: the one entry point
@@ -90,7 +87,7 @@ fn spinning<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     impl Drop for Done<'_> {
         fn drop(&mut self) {
             self.0.store(true, Ordering::Release);
-            SECTION_OWNER.store(0, Ordering::Release);
+            OWNS_SECTION.set(false);
             SPINNING.store(false, Ordering::Release);
         }
     }
@@ -118,7 +115,7 @@ fn spinning<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::join(
         || {
             let _done = Done(&done);
-            SECTION_OWNER.store(me + 1, Ordering::Release);
+            OWNS_SECTION.set(true);
             f()
         },
         || spinners(n - 1, &spin),
@@ -160,6 +157,9 @@ static HELPERS: AtomicUsize = AtomicUsize::new(0);
 thread_local! {
     /// Set while this thread runs a task of a [`TeamJob`]: a loop inside one runs in place.
     static IN_TASK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Set on the thread running a [`spinning`] section's `f`: the one thread whose loops
+    /// the section's spinners help with ([`for_each_index`]).
+    static OWNS_SECTION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 impl TeamJob<'_> {
@@ -219,8 +219,7 @@ pub fn for_each_index(n: usize, task: impl Fn(usize) + Sync) {
     // Only the section's own thread publishes: a spinner busy with a rayon task of the
     // section (one expert of a MoE layer, say) would leave its loop to itself, the owner
     // being in rayon's wait and not among the helpers.
-    let owner = SECTION_OWNER.load(Ordering::Acquire);
-    if owner == 0 || rayon::current_thread_index().map(|i| i + 1) != Some(owner) {
+    if !OWNS_SECTION.get() {
         use rayon::prelude::*;
         return (0..n).into_par_iter().for_each(&task);
     }
