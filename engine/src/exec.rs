@@ -211,17 +211,11 @@ fn help_team() -> bool {
 /// one at a time from a shared counter, as they come: no deque, no steal, no allocation,
 /// where a rayon loop of a few tasks cost the waiting worker more time in its stealing
 /// than the owner's tasks took to split. Elsewhere (outside a section, on another thread,
-/// inside a task of another such loop) it is a rayon loop or a plain one. A panic in a task reaches the caller once every task is done.
+/// inside a task of another such loop) it is a rayon loop or a plain one. A panic in a
+/// task reaches the caller once every task is done.
 pub fn for_each_index(n: usize, task: impl Fn(usize) + Sync) {
     if n <= 1 || IN_TASK.get() {
         return (0..n).for_each(task);
-    }
-    // Only the section's own thread publishes: a spinner busy with a rayon task of the
-    // section (one expert of a MoE layer, say) would leave its loop to itself, the owner
-    // being in rayon's wait and not among the helpers.
-    if !OWNS_SECTION.get() {
-        use rayon::prelude::*;
-        return (0..n).into_par_iter().for_each(&task);
     }
     let job = TeamJob {
         task: &task,
@@ -230,35 +224,32 @@ pub fn for_each_index(n: usize, task: impl Fn(usize) + Sync) {
         done: CacheLine(AtomicUsize::new(0)),
         panic: Mutex::new(None),
     };
+    // Only the section's own thread publishes: a spinner busy with a rayon task of the
+    // section (one expert of a MoE layer, say) would leave its loop to itself, the owner
+    // being in rayon's wait and not among the helpers. And one loop at a time.
     let at = &job as *const TeamJob as *mut ();
-    if TEAM
-        .compare_exchange(
-            std::ptr::null_mut(),
-            at,
-            Ordering::SeqCst,
-            Ordering::Relaxed,
-        )
-        .is_err()
+    if !OWNS_SECTION.get()
+        || TEAM
+            .compare_exchange(
+                std::ptr::null_mut(),
+                at,
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            )
+            .is_err()
     {
         use rayon::prelude::*;
         return (0..n).into_par_iter().for_each(&task);
     }
-    /// Withdraws the job, on return or unwind, and waits out the helpers still reading it.
-    struct Withdraw;
-    impl Drop for Withdraw {
-        fn drop(&mut self) {
-            TEAM.store(std::ptr::null_mut(), Ordering::SeqCst);
-            while HELPERS.load(Ordering::SeqCst) != 0 {
-                std::hint::spin_loop();
-            }
-        }
-    }
-    let withdraw = Withdraw;
+    // `work` catches the tasks' panics, so nothing unwinds before the job is withdrawn.
     job.work();
     while job.done.load(Ordering::Acquire) < n {
         std::hint::spin_loop();
     }
-    drop(withdraw);
+    TEAM.store(std::ptr::null_mut(), Ordering::SeqCst);
+    while HELPERS.load(Ordering::SeqCst) != 0 {
+        std::hint::spin_loop();
+    }
     if let Some(p) = job.panic.into_inner().unwrap_or_else(|e| e.into_inner()) {
         std::panic::resume_unwind(p);
     }
@@ -281,15 +272,25 @@ pub fn for_each_chunk_mut<T: Send>(
     })
 }
 
-/// A mutable slice handed out in disjoint pieces to the tasks of a parallel loop.
+/// A mutable slice shared by the tasks of a parallel loop, each of which reads and writes
+/// only entries of its own (a chunk of outputs, a matmul's rows of every token): the `&mut`
+/// is taken once for the whole loop, and each access is checked against the slice's bounds.
 pub struct Pieces<'a, T> {
     ptr: *mut T,
     len: usize,
     _y: std::marker::PhantomData<&'a mut [T]>,
 }
 
-// SAFETY: the pieces are disjoint (the callers of `get` promise it), so sending the
-// handle across threads is sending `&mut` to disjoint parts of a `T: Send` slice.
+impl<T> Clone for Pieces<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Pieces<'_, T> {}
+
+// SAFETY: the tasks access disjoint entries (the callers of the accessors promise it), so
+// sharing the handle across threads is sharing `&mut` to disjoint parts of a `T: Send`
+// slice.
 unsafe impl<T: Send> Send for Pieces<'_, T> {}
 unsafe impl<T: Send> Sync for Pieces<'_, T> {}
 
@@ -306,11 +307,28 @@ impl<'a, T> Pieces<'a, T> {
     /// Entries `from .. from + len`, cut to the slice's end.
     ///
     /// # Safety
-    /// No other piece in use overlaps this one.
-    #[allow(clippy::mut_from_ref)]
-    pub unsafe fn get(&self, from: usize, len: usize) -> &'a mut [T] {
+    /// No other thread accesses these entries while the piece is in use.
+    pub unsafe fn get(self, from: usize, len: usize) -> &'a mut [T] {
         let from = from.min(self.len);
         std::slice::from_raw_parts_mut(self.ptr.add(from), len.min(self.len - from))
+    }
+
+    /// A pointer to entries `i .. i + len`, checked to lie in the slice.
+    ///
+    /// # Safety
+    /// No other thread accesses those entries while the pointer is used.
+    #[inline]
+    pub unsafe fn slice_ptr(self, i: usize, len: usize) -> *mut T {
+        assert!(i + len <= self.len);
+        self.ptr.add(i)
+    }
+
+    /// # Safety
+    /// No other thread accesses entry `i` during the write.
+    #[inline]
+    pub unsafe fn write(self, i: usize, v: T) {
+        assert!(i < self.len);
+        *self.ptr.add(i) = v;
     }
 }
 

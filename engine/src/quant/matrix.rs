@@ -672,17 +672,21 @@ pub fn matmul_each(jobs: &mut [MatmulJob], p: Precision) {
             matmul_impl(j.m, j.bytes, acts, j.t, None, j.y)
         }
     }
-    // A decode step's experts (one token each): their row chunks as one loop.
+    // A decode step's experts (one token each, or none: an empty output is no task) as
+    // one loop of whole products.
     let flat = jobs.iter().all(|j| j.t <= 1) && flat_ok(jobs.iter().map(|j| j.m));
-    let live = |j: &&mut MatmulJob| j.t == 1 && j.m.rows > 0;
+    let flat_all = |jobs: &mut [MatmulJob], qas: Option<&[QuantizedActs]>| {
+        matvecs_flat(
+            jobs.iter_mut().enumerate().map(|(i, j)| {
+                let acts = acts_for(j.m, j.x, qas.map(|q| &q[i]));
+                (j.m, j.bytes, None, acts, &mut *j.y)
+            }),
+            true,
+        )
+    };
     if p == Precision::Exact || jobs.iter().all(|j| int_order(j.m).is_none()) {
         if flat {
-            return matvecs_flat(
-                jobs.iter_mut()
-                    .filter(live)
-                    .map(|j| (j.m, j.bytes, None, Acts::F32(j.x), &mut *j.y)),
-                true,
-            );
+            return flat_all(jobs, None);
         }
         return jobs.par_iter_mut().for_each(|j| one(j, Acts::F32(j.x)));
     }
@@ -691,22 +695,7 @@ pub fn matmul_each(jobs: &mut [MatmulJob], p: Precision) {
             jobs,
             p,
             |j| (j.m, j.x, j.t),
-            |jobs, qas| {
-                matvecs_flat(
-                    jobs.iter_mut()
-                        .zip(qas)
-                        .filter(|(j, _)| live(j))
-                        .map(|(j, qa)| {
-                            let acts = if int_order(j.m).is_some() {
-                                Acts::Int(qa)
-                            } else {
-                                Acts::F32(j.x)
-                            };
-                            (j.m, j.bytes, None, acts, &mut *j.y)
-                        }),
-                    true,
-                )
-            },
+            |jobs, qas| flat_all(jobs, Some(qas)),
         )
     } else {
         each_quantized(jobs, p, |j| (j.m, j.x, j.t), one)
@@ -736,14 +725,18 @@ fn each_quantized<'a, J: Send>(
             .zip(qas.par_iter())
             .for_each(|(j, qa)| {
                 let (m, x, _) = input(j);
-                let acts = if int_order(m).is_some() {
-                    Acts::Int(qa)
-                } else {
-                    Acts::F32(x)
-                };
-                run(j, acts)
+                run(j, acts_for(m, x, Some(qa)))
             })
     })
+}
+
+/// The activations a product of `m` reads: its quantized ones (`qa`, filled by
+/// [`with_each_quantized`]) where `m` has an integer kernel and they exist, else `x`.
+fn acts_for<'a>(m: &Matrix, x: &'a [f32], qa: Option<&'a QuantizedActs>) -> Acts<'a> {
+    match qa {
+        Some(qa) if int_order(m).is_some() => Acts::Int(qa),
+        _ => Acts::F32(x),
+    }
 }
 
 /// Quantizes every item's activations as [`each_quantized`] does, then hands the items and
@@ -827,10 +820,10 @@ fn matvecs_flat<'a>(
     crate::exec::for_each_index(tasks, |task| {
         let i = ends.partition_point(|&e| e <= task);
         let c = task - if i == 0 { 0 } else { ends[i - 1] };
-        let (m, bytes, rows, acts, y) = outs[i].as_ref().expect("a product of every task");
+        let &(m, bytes, rows, acts, y) = outs[i].as_ref().expect("a product of every task");
         // SAFETY: task `c` of product `i` runs once, and its chunk of `y` is its own.
         let ys = unsafe { y.get(c * chunks[i], chunks[i]) };
-        matvec_rows(m, bytes, *acts, *rows, c * chunks[i], ys)
+        matvec_rows(m, bytes, acts, rows, c * chunks[i], ys)
     })
 }
 
@@ -1006,44 +999,7 @@ fn matvec_rows(
 
 /// `y` of a `matmul`, shared by its tasks: each task owns a disjoint set of weight rows
 /// and writes only their entries `y[i, r]`, so no entry is written twice or read.
-#[derive(Clone, Copy)]
-pub(super) struct Out {
-    ptr: *mut f32,
-    len: usize,
-}
-
-// SAFETY: `Out` is only used inside the matmuls (this module's and `q1t_kernel`'s), which
-// hold the `&mut` of the buffer for the whole parallel section; tasks write disjoint
-// entries (see `Out::write`).
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-impl Out {
-    pub(super) fn new(y: &mut [f32]) -> Out {
-        Out {
-            ptr: y.as_mut_ptr(),
-            len: y.len(),
-        }
-    }
-
-    /// A pointer to entries `i .. i + len`, checked to lie in the buffer.
-    ///
-    /// # Safety
-    /// No other thread accesses those entries while the pointer is used.
-    #[inline]
-    pub(super) unsafe fn slice_ptr(self, i: usize, len: usize) -> *mut f32 {
-        assert!(i + len <= self.len);
-        self.ptr.add(i)
-    }
-
-    /// # Safety
-    /// No other thread accesses entry `i` during the write.
-    #[inline]
-    pub(super) unsafe fn write(self, i: usize, v: f32) {
-        assert!(i < self.len);
-        *self.ptr.add(i) = v;
-    }
-}
+pub(super) type Out<'a> = crate::exec::Pieces<'a, f32>;
 
 /// `y[i, r] = Σ_c W[r, c]·x[i, c]` for `i < t`; `x` is `[t, cols]`, `y` is `[t, rows]`.
 ///

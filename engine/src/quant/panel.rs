@@ -233,13 +233,8 @@ pub(super) fn matmul(
         let ov = q1t_overlay(m).filter(|_| fam == Family::Grouped(Grouped::Q1t));
         let tp = t.next_multiple_of(16) + 16;
         if ov.is_some() {
-            if avx2 {
-                // SAFETY: `applies` demanded AVX2 (`avx2_takes`).
-                unsafe { activation_columns_avx2(qa, t, tp, g.cols, xt) };
-            } else {
-                // SAFETY: `applies` demanded AVX-512.
-                unsafe { activation_columns(qa, t, tp, g.cols, xt) };
-            }
+            // SAFETY: `applies` demanded AVX2 (`avx2_takes`) or else AVX-512.
+            unsafe { activation_columns_at(avx2, qa, t, tp, g.cols, xt) };
         }
         let xt = &xt[..if ov.is_some() { g.cols * tp } else { 0 }];
         let job = PanelJob {
@@ -275,11 +270,7 @@ pub(super) fn matmul(
                             xt,
                             tp,
                         };
-                        if avx2 {
-                            overlay_panel_avx2(&job, p * PANEL, toks, corr)
-                        } else {
-                            overlay_panel(&job, p * PANEL, toks, corr)
-                        }
+                        overlay_panel_at(avx2, &job, p * PANEL, toks, corr)
                     })
                 };
                 let panel_words = panel_len(fam, c4, avx2);
@@ -596,40 +587,67 @@ unsafe fn overlay_panel_avx2(
     true
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn overlay_panel_avx2(
-    _: &OverlayJob,
-    _: usize,
-    _: std::ops::Range<usize>,
-    _: &mut Vec<f32>,
+/// `q1t`'s activation columns for the overlay at the panels' level: [`activation_columns`]
+/// (AVX-512) or [`activation_columns_avx2`].
+///
+/// # Safety
+/// AVX2 + FMA when `avx2`, else AVX-512 F/BW; as the two functions'.
+#[cfg(target_arch = "x86_64")]
+unsafe fn activation_columns_at(
+    avx2: bool,
+    qa: &QuantizedActs,
+    t: usize,
+    tp: usize,
+    cols: usize,
+    xt: &mut Vec<f32>,
+) {
+    if avx2 {
+        activation_columns_avx2(qa, t, tp, cols, xt)
+    } else {
+        activation_columns(qa, t, tp, cols, xt)
+    }
+}
+
+/// [`overlay_panel`] (AVX-512) or [`overlay_panel_avx2`], at the panels' level.
+///
+/// # Safety
+/// AVX2 + FMA when `avx2`, else AVX-512 F; as the two functions'.
+#[cfg(target_arch = "x86_64")]
+unsafe fn overlay_panel_at(
+    avx2: bool,
+    job: &OverlayJob,
+    k0: usize,
+    toks: std::ops::Range<usize>,
+    corr: &mut Vec<f32>,
 ) -> bool {
-    unreachable!("the AVX2 panels need x86-64")
+    if avx2 {
+        overlay_panel_avx2(job, k0, toks, corr)
+    } else {
+        overlay_panel(job, k0, toks, corr)
+    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn activation_columns(_: &QuantizedActs, _: usize, _: usize, _: usize, _: &mut Vec<f32>) {
-    unreachable!("the panel kernel needs AVX-512 VNNI")
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn activation_columns_avx2(
+unsafe fn activation_columns_at(
+    _: bool,
     _: &QuantizedActs,
     _: usize,
     _: usize,
     _: usize,
     _: &mut Vec<f32>,
 ) {
-    unreachable!("the AVX2 panels need x86-64")
+    unreachable!("the panels need x86-64")
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn overlay_panel(
+unsafe fn overlay_panel_at(
+    _: bool,
     _: &OverlayJob,
     _: usize,
     _: std::ops::Range<usize>,
     _: &mut Vec<f32>,
 ) -> bool {
-    unreachable!("the panel kernel needs AVX-512 VNNI")
+    unreachable!("the panels need x86-64")
 }
 
 /// The weight rows of outputs `k0 .. k0 + 32` (those below `n`; the others empty).
@@ -1401,7 +1419,7 @@ struct PanelJob<'a> {
     u: &'a [u32],
     d: &'a [f32],
     n: usize,
-    out: Out,
+    out: Out<'a>,
 }
 
 /// [`panel_tokens`], or [`panel_tokens_avx2`] when `job.avx2` (the AVX2 tiles must not be
@@ -1854,15 +1872,15 @@ unsafe fn store_tile_avx2<const T: usize, const V: usize>(
 /// Where an AVX2 tile's outputs go: rows `16·half ..` of the panel at outputs `k0 ..` (of
 /// `n`; those past `n` are not written), tokens from `j0`.
 #[derive(Clone, Copy)]
-struct TileAt {
+struct TileAt<'a> {
     j0: usize,
     half: usize,
     k0: usize,
     n: usize,
-    out: Out,
+    out: Out<'a>,
 }
 
-impl TileAt {
+impl TileAt<'_> {
     /// The tile's rows that are outputs (up to 16).
     fn rows(&self) -> usize {
         self.rows_of(2)
