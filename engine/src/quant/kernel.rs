@@ -320,9 +320,7 @@ pub(crate) unsafe fn fused_avx2<D: RowsAvx2, const R: usize, const T: usize>(
         let k = blk * STEP;
         for (i, acc_i) in acc.iter_mut().enumerate() {
             let w = d.load_avx2(i, blk);
-            if T == 1 {
-                d.prefetch_next_f(i, blk);
-            }
+            d.prefetch_next_f(i, blk);
             for (a, x) in acc_i.iter_mut().zip(xs) {
                 let p = x.as_ptr().add(k);
                 let mut s = *a;
@@ -389,9 +387,7 @@ pub(crate) unsafe fn fused_avx512<D: RowsAvx512, const R: usize, const T: usize>
         let k = blk * STEP;
         for (i, w) in w.iter_mut().enumerate() {
             *w = d.load_avx512(i, blk);
-            if T == 1 {
-                d.prefetch_next_f(i, blk);
-            }
+            d.prefetch_next_f(i, blk);
         }
         for (j, x) in xs.iter().enumerate() {
             let p = x.as_ptr().add(k);
@@ -1009,7 +1005,7 @@ const LANES: usize = 8;
 pub(crate) const SPLIT_SHIFT: i32 = 8;
 
 /// One token of [`QuantizedActs`].
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub(crate) struct QToken<'a> {
     pub q: &'a [i8],
     /// Residual codes (empty for one level).
@@ -1313,7 +1309,14 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
     }
 
     /// Asks the cache for what row `i` of the row block after next needs at group `blk`
-    /// (two blocks ahead measured faster than one or four).
+    /// (two blocks ahead measured faster than one or four). Every register tile asks,
+    /// whatever its tokens: a product's first tile streams its rows from DRAM as decode
+    /// does, and the later tiles' prefetches of lines already cached cost little.
+    /// (Only decode asked until 2026-12-06: a 2-token product cost as much as a 3-token
+    /// one, whose last tile is 1 token wide, and asking in every tile ran 2-, 4- and
+    /// 8-token prefill 1.2–1.7× faster, `q8` on AVX2 and the exact path; 64-token exact
+    /// prefill 1.01–1.07×, the one-level path's 0.95–1.06×; a runtime flag for a
+    /// product's first tile only slowed the kernels 6–12%.)
     /// Short rows (a few hundred bytes) end before the hardware prefetcher has learnt
     /// their stream; matrix-vector products stream from DRAM and wait on every load
     /// without this. Into L2 (`_MM_HINT_T1`), not L1: weights are read once per token,
@@ -1755,9 +1758,7 @@ unsafe fn int_body<
     for blk in 0..full {
         for (i, r) in raw.iter_mut().enumerate() {
             *r = d.load_u8(i, blk);
-            if T == 1 {
-                d.prefetch_next(i, blk);
-            }
+            d.prefetch_next(i, blk);
         }
         int_step::<D, R, T, VNNI, SPLIT>(d, xs, blk, &raw, &mut acc);
     }
@@ -1833,10 +1834,8 @@ unsafe fn int16_avx2_target<D: IntRowsSimd, const R: usize, const T: usize>(
         }
         for (i, acc) in acc.iter_mut().enumerate() {
             let w = [d.load_i16(i, blk), d.load_i16(i, blk + 1)];
-            if T == 1 {
-                d.prefetch_next(i, blk);
-                d.prefetch_next(i, blk + 1);
-            }
+            d.prefetch_next(i, blk);
+            d.prefetch_next(i, blk + 1);
             let s = d.scale_pair_256(i, blk);
             for (a, t) in acc.iter_mut().zip(&tok) {
                 for h in 0..2 {
@@ -1849,9 +1848,7 @@ unsafe fn int16_avx2_target<D: IntRowsSimd, const R: usize, const T: usize>(
     for blk in 2 * pairs..full {
         for (i, w) in w.iter_mut().enumerate() {
             *w = d.load_i16(i, blk);
-            if T == 1 {
-                d.prefetch_next(i, blk);
-            }
+            d.prefetch_next(i, blk);
         }
         int16_step::<D, R, T>(d, xs, blk, &w, &mut acc);
     }
@@ -1909,10 +1906,8 @@ unsafe fn nibble_pairs_avx2<D: IntRowsSimd, const R: usize, const T: usize>(
             *t = [pair_token_i16(x, blk), pair_token_i16(x, blk + 2)];
         }
         for (i, acc) in acc.iter_mut().enumerate() {
-            if T == 1 {
-                d.prefetch_next(i, blk);
-                d.prefetch_next(i, blk + 2);
-            }
+            d.prefetch_next(i, blk);
+            d.prefetch_next(i, blk + 2);
             let s = _mm256_castps128_ps256(d.scale_quad(i, blk));
             for (h, idx) in [lo_pair, hi_pair].into_iter().enumerate() {
                 let s = _mm256_permutevar8x32_ps(s, idx);
@@ -2268,10 +2263,8 @@ unsafe fn int_body512<D: IntRowsSimd, const R: usize, const T: usize, const SPLI
         let blk = 2 * pair;
         for i in 0..R {
             let raw = d.load_pair_u8(i, blk);
-            if T == 1 {
-                d.prefetch_next(i, blk);
-                d.prefetch_next(i, blk + 1);
-            }
+            d.prefetch_next(i, blk);
+            d.prefetch_next(i, blk + 1);
             if D::CODE_OFFSET != 0 {
                 u[i] = raw;
             } else {
@@ -2455,7 +2448,7 @@ unsafe fn wide_avx512_target<D: IntRowsSimd, const R: usize, const T: usize>(
         for b in chunk {
             let mut w = [_mm512_setzero_si512(); R];
             for (i, w) in w.iter_mut().enumerate() {
-                *w = _mm512_cvtepi8_epi16(wide_codes::<D, T>(d, i, b, full));
+                *w = _mm512_cvtepi8_epi16(wide_codes::<D>(d, i, b, full));
             }
             for (j, x) in xs.iter().enumerate() {
                 // In bounds: `run_int` checked `k.len() = groups·32`.
@@ -2480,21 +2473,14 @@ unsafe fn wide_avx512_target<D: IntRowsSimd, const R: usize, const T: usize>(
 }
 
 /// The signed codes of group `b` of row `i` (zero padded past `cols` when `b == full`),
-/// the next rows' bytes asked for when decoding (`T == 1`).
+/// the next rows' bytes asked for (as every tile does, see [`IntRowsSimd::prefetch_next`]).
 ///
 /// # Safety
 /// AVX2; `b <= full`, and `b < full` unless the last group is partial.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn wide_codes<D: IntRowsSimd, const T: usize>(
-    d: &D,
-    i: usize,
-    b: usize,
-    full: usize,
-) -> __m256i {
-    if T == 1 {
-        d.prefetch_next(i, b);
-    }
+unsafe fn wide_codes<D: IntRowsSimd>(d: &D, i: usize, b: usize, full: usize) -> __m256i {
+    d.prefetch_next(i, b);
     if b < full {
         d.load_u8(i, b)
     } else {
@@ -2524,7 +2510,7 @@ unsafe fn wide_avx2_target<D: IntRowsSimd, const R: usize, const T: usize>(
         // are reloaded per row, from L1.
         for b in chunk {
             for (i, acc) in acc.iter_mut().enumerate() {
-                let w = widen_codes::<D>(wide_codes::<D, T>(d, i, b, full));
+                let w = widen_codes::<D>(wide_codes::<D>(d, i, b, full));
                 for (a, x) in acc.iter_mut().zip(xs) {
                     // In bounds: `run_int` checked `k.len() = groups·32`.
                     *a = _mm256_add_epi32(*a, dot_i16(w, token_i16::<D>(x, b)));

@@ -220,6 +220,19 @@ fn matmul_with_many_tokens_and_an_odd_pool() {
             g.cols,
         )
         .unwrap();
+        // The integer row kernels (one level: no panels) take the tokens in blocks of at
+        // most 32, resolved per task: every token's values are still its matvec's.
+        if dtype == DType::F16 {
+            continue;
+        }
+        let p = Precision::Fast;
+        pool.install(|| matmul_with(&m, &bytes, &x, t, &mut y, p));
+        for i in 0..t {
+            let mut yi = vec![f32::NAN; g.rows];
+            matvec_with(&m, &bytes, &x[i * g.cols..(i + 1) * g.cols], &mut yi, p);
+            let row = &y[i * g.rows..(i + 1) * g.rows];
+            assert_eq!(bits(row), bits(&yi), "{dtype} {p:?} t={t} token {i}");
+        }
     }
 }
 
@@ -579,6 +592,12 @@ fn int_simd_agrees_with_int_scalar(p: Precision) {
                             "{p:?} {dtype} {shape:?} {k:?} t={t} entry {e}: {a} vs scalar {b}"
                         );
                     }
+                    // The packed panels add the group terms in another order (checked
+                    // against the matvecs in `grouped_prefill_agrees_...`).
+                    if super::panel::applies_to(&m, p == Precision::Balanced, t).is_some() {
+                        assert!(k != Kernel::Scalar && p == Precision::Balanced);
+                        continue;
+                    }
                     for i in 0..t {
                         let mut yi = vec![f32::NAN; g.rows];
                         let xi = &x[i * g.cols..(i + 1) * g.cols];
@@ -664,8 +683,8 @@ fn balanced_row_scaled_sums_are_exact_and_do_not_overflow() {
     }
 }
 
-/// The `q8` prefill products at the default precision (on AVX-512 VNNI from 32 tokens the
-/// packed-panel kernel of `panel`) against one matrix-vector product per token, bit for
+/// The `q8` prefill products at the default precision (from `panel`'s fewest tokens at each
+/// level the packed-panel kernel) against one matrix-vector product per token, bit for
 /// bit: rows across and short of a 32-row panel, columns not a multiple of 4 or 32, token
 /// counts around the 6-token tile and across passes, all rows or a scattered subset.
 #[test]
@@ -684,7 +703,7 @@ fn q8_prefill_equals_its_matvecs_bit_for_bit() {
             for k in Kernel::available() {
                 let mut m = Matrix::new(dtype, &shape, &bytes).unwrap();
                 m.set_kernel(k).unwrap();
-                for t in [2usize, 13, 32, 37, 45] {
+                for t in [2usize, 4, 8, 13, 16, 32, 37, 45] {
                     let x = activations(t * g.cols, 7 * t as u64);
                     let p = Precision::Balanced;
                     let mut y = vec![f32::NAN; t * g.rows];
@@ -749,7 +768,9 @@ fn grouped_prefill_agrees_with_its_matvecs_and_the_scalar_reference() {
         let subset: Vec<u32> = (0..g.rows as u32).filter(|r| r % 4 != 2).collect();
         let mut scalar = Matrix::new(dtype, &shape, &bytes).unwrap();
         scalar.set_kernel(Kernel::Scalar).unwrap();
-        for t in [16usize, 23, 40] {
+        // From the fewest tokens the panels take (on AVX2 `vbit` from 16: below, the row
+        // kernels, held to the same bounds), through partial and whole 6-token tiles.
+        for t in [super::panel::Q4_MIN_TOKENS, 5, 16, 23, 40] {
             let x = activations(t * g.cols, 300 + t as u64);
             let bound = int_bound(&w, g.rows, g.cols, &x, t, p);
             // The size of the terms the kernels add: the one-level bound's.

@@ -28,9 +28,11 @@
 //! one — and use integer dot products for the `q8`, `q4`, `vbit` and `q1t` dtypes. For one [`Kernel`]
 //! and precision, `matmul` gives bit for bit the values of `t` separate `matvec`s
 //! (prefill and decode agree exactly), with one exception: at the two-level precision on
-//! AVX-512 VNNI, a `q4` product of at least [`super::panel`]'s 16 tokens adds its exact
-//! per-group terms in another f32 order (within the same bound), the price of the packed
-//! panels that make prefill several times faster there. `q8` panels stay bit for bit.
+//! AVX-512 VNNI and AVX2, a `q4`, `vbit` or `q1t` product of at least
+//! [`super::panel`]'s fewest tokens (4 for `q4`, more than a speculative verification's 2)
+//! adds its exact per-group terms in another f32 order (within the same bound), the price
+//! of the packed panels that make prefill several times faster there. `q8` panels stay
+//! bit for bit.
 //!
 //! Threads: rows are split over the current rayon pool; each task writes its own part of
 //! `y`, and nothing is allocated per call (the per-thread scratch rows and quantized
@@ -307,12 +309,12 @@ fn int_order(m: &Matrix) -> Option<ActOrder> {
     }
 }
 
-/// Whether `m`'s integer kernel over `t` tokens in `order` sums the int16 codes
-/// [`QuantizedActs::fill`] then fills: the row-scaled kernels always (`q8`, natural order);
-/// the grouped kernels without VNNI (`int16_avx2_target`), but not in the panels that take
-/// a long AVX2 product.
-fn int16_codes(m: &Matrix, order: ActOrder, t: usize) -> bool {
-    order == ActOrder::Natural || (!m.kernel.has_vnni() && t < panel::Q4_MIN_TOKENS)
+/// Whether `m`'s integer kernel in `order` sums the int16 codes [`QuantizedActs::fill`]
+/// then fills: the row-scaled kernels always (`q8`, natural order); the grouped kernels
+/// without VNNI (`int16_avx2_target`) when the product runs in the row kernels (`rows`),
+/// not in the panels.
+fn int16_codes(m: &Matrix, order: ActOrder, rows: bool) -> bool {
+    order == ActOrder::Natural || (!m.kernel.has_vnni() && rows)
 }
 
 /// Quantizes `x` (`[t, cols]`) for `m`'s integer kernel in `order` into `qa`, with the int16
@@ -326,12 +328,13 @@ fn fill_for(
     order: ActOrder,
     p: Precision,
 ) {
-    let int16 = int16_codes(m, order, t);
+    let rows = panel::applies_to(m, p.split(), t).is_none();
+    let int16 = int16_codes(m, order, rows);
     qa.fill(x, t, m.cols, col_field(m), order, p.split(), int16);
     if matches!(m.dtype, DType::Vbit | DType::VbitRo) {
         qa.fill_group_sums();
-        // Only the row kernels read them (longer products run in panels).
-        if int16 && t < panel::Q4_MIN_TOKENS {
+        // Only the row kernels read them.
+        if int16 && rows {
             qa.fill_pairs16();
         }
     }
@@ -504,6 +507,9 @@ pub(super) const BLOCK_ROWS: usize = 4;
 const INT_MATVEC_ROWS: usize = 8;
 /// Activations per block in `matmul`: a weight row is decoded once per 4 tokens.
 pub(super) const BLOCK_TOKENS: usize = 4;
+/// Most tokens of integer activations a row-kernel task runs over at a time (and
+/// resolves up front, [`Mm::ints`]); longer products run their rows again, from L2.
+const RESOLVED_TOKENS: usize = 32;
 
 /// `y[r] = Σ_c W[r, c]·x[c]`; `x.len() == cols`, `y.len() == rows`.
 pub fn matvec(m: &Matrix, bytes: &[u8], x: &[f32], y: &mut [f32]) {
@@ -1065,16 +1071,25 @@ fn matmul_impl(m: &Matrix, bytes: &[u8], acts: Acts, t: usize, sel: Option<&[u32
         return q1t_kernel::matmul(&cx, y);
     }
     let n = y.len() / t;
-    let (chunk, tok_block) = matmul_split(n, m.cols, m.nbytes / m.rows);
+    let (chunk, mut tok_block) = matmul_split(n, m.cols, m.nbytes / m.rows);
+    if acts.is_int() {
+        tok_block = tok_block.min(RESOLVED_TOKENS);
+    }
     let out = Out::new(y);
     (0..n.div_ceil(chunk)).into_par_iter().for_each(move |c| {
         let outs = c * chunk..((c + 1) * chunk).min(n);
         for j0 in (0..t).step_by(tok_block) {
             let toks = j0..(j0 + tok_block).min(t);
+            let ints = if acts.is_int() { toks.len() } else { 0 };
+            let mut resolved = [QToken::default(); RESOLVED_TOKENS];
+            for (r, j) in resolved[..ints].iter_mut().zip(toks.clone()) {
+                *r = acts.int_token(j);
+            }
             let mut k = outs.start;
             while k < outs.end {
                 let mut v = Mm {
                     acts,
+                    ints: &resolved[..ints],
                     cols: m.cols,
                     toks: toks.clone(),
                     put: |i: usize, j: usize, v: f32| {
@@ -1098,14 +1113,18 @@ fn matmul_impl(m: &Matrix, bytes: &[u8], acts: Acts, t: usize, sel: Option<&[u32
 
 /// A block of weight rows against the activations `toks`, 4, 2, 1 at a time;
 /// `put(i, j, v)` stores the value of block row `i` and token `j`.
-struct Mm<'a, P: FnMut(usize, usize, f32)> {
+struct Mm<'a, 'r, P: FnMut(usize, usize, f32)> {
     acts: Acts<'a>,
+    /// The tokens `toks` of integer activations, resolved once per task: rebuilding
+    /// each tile's tokens (8 checked slices each) per block of rows cost as much as the
+    /// kernel in the few-token products of small MoE experts.
+    ints: &'r [QToken<'a>],
     cols: usize,
     toks: Range<usize>,
     put: P,
 }
 
-impl<P: FnMut(usize, usize, f32)> Mm<'_, P> {
+impl<P: FnMut(usize, usize, f32)> Mm<'_, '_, P> {
     fn store<const R: usize, const T: usize>(&mut self, j: usize, o: &[[f32; T]; R]) {
         for (i, o) in o.iter().enumerate() {
             for (q, v) in o.iter().enumerate() {
@@ -1122,14 +1141,16 @@ impl<P: FnMut(usize, usize, f32)> Mm<'_, P> {
     }
 
     fn tile_int<D: IntRows, const R: usize, const T: usize>(&mut self, k: Kernel, d: &D, j: usize) {
-        let xs: [QToken; T] = std::array::from_fn(|q| self.acts.int_token(j + q));
+        let xs: &[QToken; T] = self.ints[j - self.toks.start..][..T]
+            .try_into()
+            .expect("a tile of T tokens");
         let mut o = [[0f32; T]; R];
-        run_int::<D, R, T>(k, d, &xs, &mut o);
+        run_int::<D, R, T>(k, d, xs, &mut o);
         self.store(j, &o);
     }
 }
 
-impl<const R: usize, P: FnMut(usize, usize, f32)> WithRows<R> for Mm<'_, P> {
+impl<const R: usize, P: FnMut(usize, usize, f32)> WithRows<R> for Mm<'_, '_, P> {
     fn with<D: Rows>(&mut self, k: Kernel, d: &D) {
         let mut j = self.toks.start;
         while self.toks.end - j >= BLOCK_TOKENS {

@@ -25,10 +25,12 @@
 //! exact integer `Σ c·(256·q + q₂)` (less the unsigned offset), and one f32 multiply-add
 //! with the group's scale adds it to the row ([`tile_q4`]). The matrix-vector kernel adds
 //! the same exact group terms in another order, so here the values agree within the f32
-//! bound rather than bit for bit; hence [`Q4_MIN_TOKENS`].
+//! bound rather than bit for bit; hence [`Q4_MIN_TOKENS`] (more than the two tokens of a
+//! speculative verification).
 //!
-//! Without AVX-512 VNNI (an AVX2 CPU, or `CORTIQ_SIMD=avx2`) the `q4` and `q1t` products of
-//! 16 tokens or more run in the same panels (`vbit` in int16 ones, below), packed with AVX2 ([`pack_grouped_avx2`]), 8 rows per
+//! Without AVX-512 VNNI (an AVX2 CPU, or `CORTIQ_SIMD=avx2`) the `q4` and `q1t` products
+//! (from [`Q4_MIN_TOKENS`] and [`Q1T_MIN_TOKENS`] tokens) run in the same panels (`vbit`
+//! in int16 ones, below), packed with AVX2 ([`pack_grouped_avx2`]), 8 rows per
 //! vector and `vpmaddubsw` summing a group in int16 ([`tile_q4_avx2`]): the same exact
 //! group integers in the same order as the AVX-512 panels, so the same values.
 //!
@@ -129,18 +131,44 @@ pub(super) enum Grouped {
     Vbit,
 }
 
-/// Fewest tokens a `q4` product runs here with. Its per-group terms are added in another
-/// order than the matrix-vector kernel's (within the same f32 bound, not bit for bit), so
-/// short products — a speculative draft's verification among them — keep the decode
-/// kernel, whose values greedy decoding is compared with. From 16 tokens on the panels
-/// are faster (a 768 × 2048 product: 21–24 µs a token against 39).
-pub(super) const Q4_MIN_TOKENS: usize = 16;
+/// Fewest tokens a grouped product (`q4`, AVX-512 `vbit`) runs here with. Its per-group
+/// terms are added in another order than the matrix-vector kernel's (within the same f32
+/// bound, not bit for bit), so the two-token products of speculative decoding (the
+/// verification of one drafted token, `runtime::session`) keep the decode kernel, whose
+/// values greedy decoding is compared with. From 4 tokens on the panels are faster than
+/// the row kernels at every level: prefill of 4 / 8 / 12 tokens, Qwen2.5-Coder-0.5B
+/// `q4_block` on AVX-512, 87 / 104 / 110 → 138 / 215 / 269 tok/s (on AVX2 61 / 82 / 91 →
+/// 89 / 125 / 150); at 3 tokens they were level (0.87–1.26).
+pub(super) const Q4_MIN_TOKENS: usize = 4;
+const _: () = assert!(
+    Q4_MIN_TOKENS > 2,
+    "speculative verification must stay bit for bit"
+);
 
-/// Fewest tokens a `q8` product runs here with: packing costs a pass over the weights,
-/// which few tokens do not repay (a 768 × 2048 product at 2 / 4 / 8 / 16 / 32 / 64 tokens:
-/// 60–78 / 34 / 25–27 / 21 / 17–18 / 13–14 µs a token here, 26–36 / 17–21 / 18–20 / 19–20 /
-/// 16–20 / 18 µs in the row kernel).
-pub(super) const Q8_MIN_TOKENS: usize = 32;
+/// Fewest tokens a `q1t` product runs here with: its row kernels extract the digits by
+/// lookup without packing, so the panels repay their packing later (at 4 / 6 / 8 / 12
+/// tokens, 0.73–0.83 / 0.88–1.09 / 1.02–1.23 / 1.19–1.49 of the row kernels' speed
+/// across the levels and both models).
+pub(super) const Q1T_MIN_TOKENS: usize = 8;
+
+/// Fewest tokens a `vbit` product runs in the AVX2 panels with (their int16 codes take
+/// two `vpmaddwd` per four columns; at 12 tokens they were still 0.82–1.09 of the row
+/// kernels). On AVX-512 VNNI `vbit` takes [`Q4_MIN_TOKENS`] (1.02–1.23 at 4 tokens).
+pub(super) const VBIT_AVX2_MIN_TOKENS: usize = 16;
+
+/// Fewest tokens a `q8` product runs here with, per level: packing costs a pass over the
+/// weights, which the fewest tokens do not repay. The values are the row kernels' bit for
+/// bit, so any count may. Prefill, `q8_row`, panels ÷ row kernels
+/// (Qwen2.5-Coder-0.5B / SmolLM2-135M): on AVX-512 at 2 / 3 / 4 / 8 / 16 / 24 tokens 0.99 /
+/// 1.01 / 1.38 / 1.35 / 1.47 / 1.59 and 0.88 / 0.95 / 1.35 / 1.41 / 1.52 / 1.49; AVX-VNNI
+/// at 4 / 8 / 16 0.94 / 1.10 / 1.23 and 1.08 / 1.13 / 1.27; AVX2 (int16 panels) at 8 / 12 /
+/// 16 / 24 1.04 / 0.98 / 1.07 / 1.11 and 1.12 / 1.17 / 1.21 / 1.17. (This was 32 at every
+/// level, from a single 768 × 2048 product timed alone.)
+pub(super) const Q8_MIN_TOKENS: usize = 4;
+/// [`Q8_MIN_TOKENS`] on AVX-VNNI.
+pub(super) const Q8_AVXVNNI_MIN_TOKENS: usize = 8;
+/// [`Q8_MIN_TOKENS`] on AVX2.
+pub(super) const Q8_AVX2_MIN_TOKENS: usize = 16;
 
 /// The panel family of `m`'s layout, if the panels take it.
 fn family(m: &Matrix) -> Option<Family> {
@@ -155,18 +183,28 @@ fn family(m: &Matrix) -> Option<Family> {
     }
 }
 
-/// The family a product of `m` over `t` tokens of `qa` runs here with, if it does: at the
-/// two-level precision, on AVX-512 VNNI or AVX2, `q8` products of [`Q8_MIN_TOKENS`] tokens
-/// or more and the grouped ones of [`Q4_MIN_TOKENS`].
+/// The family a product of `m` over `t` tokens of `qa` runs here with, if it does.
 pub(super) fn applies(m: &Matrix, qa: &QuantizedActs, t: usize) -> Option<Family> {
+    applies_to(m, qa.is_split(), t)
+}
+
+/// The family a product of `m` over `t` tokens runs here with, if it does: at the
+/// two-level precision (`split`), on AVX-512 VNNI or AVX2, from the family's fewest tokens
+/// at that level ([`Q8_MIN_TOKENS`] and the AVX2 levels', [`Q4_MIN_TOKENS`],
+/// [`Q1T_MIN_TOKENS`], [`VBIT_AVX2_MIN_TOKENS`]).
+pub(super) fn applies_to(m: &Matrix, split: bool, t: usize) -> Option<Family> {
     let fam = family(m)?;
-    let long_enough = match fam {
-        Family::Q8 => t >= Q8_MIN_TOKENS,
-        Family::Grouped(_) => t >= Q4_MIN_TOKENS,
-    };
     let vnni = m.kernel().has_vnni() && cfg!(target_arch = "x86_64");
+    let min_tokens = match fam {
+        Family::Q8 if vnni => Q8_MIN_TOKENS,
+        Family::Q8 if m.kernel() == Kernel::AvxVnni => Q8_AVXVNNI_MIN_TOKENS,
+        Family::Q8 => Q8_AVX2_MIN_TOKENS,
+        Family::Grouped(Grouped::Q1t) => Q1T_MIN_TOKENS,
+        Family::Grouped(Grouped::Vbit) if !vnni => VBIT_AVX2_MIN_TOKENS,
+        Family::Grouped(_) => Q4_MIN_TOKENS,
+    };
     let simd = vnni || avx2_takes(m);
-    (simd && long_enough && qa.is_split() && m.cols <= MAX_COLS).then_some(fam)
+    (simd && t >= min_tokens && split && m.cols <= MAX_COLS).then_some(fam)
 }
 
 /// Whether `m`'s products run in the AVX2 panels ([`tile_q4_avx2`]; for `vbit`
@@ -592,7 +630,6 @@ unsafe fn overlay_panel_avx2(
 ///
 /// # Safety
 /// AVX2 + FMA when `avx2`, else AVX-512 F/BW; as the two functions'.
-#[cfg(target_arch = "x86_64")]
 unsafe fn activation_columns_at(
     avx2: bool,
     qa: &QuantizedActs,
@@ -601,10 +638,16 @@ unsafe fn activation_columns_at(
     cols: usize,
     xt: &mut Vec<f32>,
 ) {
+    #[cfg(target_arch = "x86_64")]
     if avx2 {
         activation_columns_avx2(qa, t, tp, cols, xt)
     } else {
         activation_columns(qa, t, tp, cols, xt)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (avx2, qa, t, tp, cols, xt);
+        unreachable!("the panels need x86-64")
     }
 }
 
@@ -612,7 +655,6 @@ unsafe fn activation_columns_at(
 ///
 /// # Safety
 /// AVX2 + FMA when `avx2`, else AVX-512 F; as the two functions'.
-#[cfg(target_arch = "x86_64")]
 unsafe fn overlay_panel_at(
     avx2: bool,
     job: &OverlayJob,
@@ -620,34 +662,17 @@ unsafe fn overlay_panel_at(
     toks: std::ops::Range<usize>,
     corr: &mut Vec<f32>,
 ) -> bool {
+    #[cfg(target_arch = "x86_64")]
     if avx2 {
         overlay_panel_avx2(job, k0, toks, corr)
     } else {
         overlay_panel(job, k0, toks, corr)
     }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn activation_columns_at(
-    _: bool,
-    _: &QuantizedActs,
-    _: usize,
-    _: usize,
-    _: usize,
-    _: &mut Vec<f32>,
-) {
-    unreachable!("the panels need x86-64")
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn overlay_panel_at(
-    _: bool,
-    _: &OverlayJob,
-    _: usize,
-    _: std::ops::Range<usize>,
-    _: &mut Vec<f32>,
-) -> bool {
-    unreachable!("the panels need x86-64")
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (avx2, job, k0, toks, corr);
+        unreachable!("the panels need x86-64")
+    }
 }
 
 /// The weight rows of outputs `k0 .. k0 + 32` (those below `n`; the others empty).

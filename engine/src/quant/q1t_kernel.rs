@@ -83,8 +83,8 @@
 //! equals `Σ w·x̂` up to the same f32 rounding. For a
 //! given [`Kernel`], a (row, token) value does not depend on how many rows or tokens
 //! share a block, so `matmul` equals `t` `matvec`s bit for bit — except where a
-//! `Balanced` product of 16 tokens or more runs in the packed panels of [`super::panel`]
-//! (AVX-512 VNNI, prefill): they decode each tile's digits once per product and add the
+//! `Balanced` product of [`super::panel::Q1T_MIN_TOKENS`] tokens or more runs in the packed
+//! panels of [`super::panel`] (AVX-512 VNNI or AVX2, prefill): they decode each tile's digits once per product and add the
 //! same exact group terms, and the overlay's, in another order, within the same bound.
 //!
 //! Threads and memory: rows are split over the rayon pool like the other dtypes; `Exact`

@@ -447,11 +447,10 @@ fn balanced_uses_the_residual_level() {
     }
 }
 
-/// Whether a product of `t` tokens at precision `p` on kernel `k` runs in the packed panels
+/// Whether a product of `m` over `t` tokens at precision `p` runs in the packed panels
 /// ([`super::panel`]), which add the same exact group terms in another order.
-fn in_panels(k: Kernel, p: Precision, t: usize) -> bool {
-    // AVX-512 VNNI, or AVX2 alone (a forced AVX2 level included).
-    k != Kernel::Scalar && p == Precision::Balanced && t >= super::panel::Q4_MIN_TOKENS
+fn in_panels(m: &Matrix, p: Precision, t: usize) -> bool {
+    super::panel::applies_to(m, p == Precision::Balanced, t).is_some()
 }
 
 #[test]
@@ -464,7 +463,7 @@ fn matmul_is_t_matvecs_bit_for_bit() {
             for k in Kernel::available() {
                 let m = matrix(g, &b, k);
                 for p in Precision::ALL {
-                    for t in [2usize, 3, 4, 5, 8, 9, 15, 17] {
+                    for t in [2usize, 3, 4, 5, 7, 8, 9, 15, 17] {
                         let x = activations(t * cols, t as u64);
                         let mut y = vec![f32::NAN; t * rows];
                         matmul_with(&m, &b, &x, t, &mut y, p);
@@ -474,7 +473,7 @@ fn matmul_is_t_matvecs_bit_for_bit() {
                             matvec_with(&m, &b, &x[j * cols..(j + 1) * cols], &mut yj, p);
                             let row = &y[j * rows..(j + 1) * rows];
                             let what = format!("{rows}x{cols} {ov:?} {k:?} {p:?} t={t} token {j}");
-                            if !in_panels(k, p, t) {
+                            if !in_panels(&m, p, t) {
                                 assert!(
                                     row.iter().zip(&yj).all(|(a, b)| a.to_bits() == b.to_bits()),
                                     "{what}: {row:?} vs {yj:?}"
@@ -502,7 +501,7 @@ fn prefill_panels_with_overlays_agree_with_the_reference() {
             let g = geom(rows, cols);
             let b = payload(rows, cols, ov, (rows + cols) as u64);
             let subset: Vec<u32> = (0..rows as u32).filter(|r| r % 3 != 1).collect();
-            for t in [16usize, 23, 130] {
+            for t in [super::panel::Q1T_MIN_TOKENS, 11, 23, 130] {
                 let x = activations(t * cols, 40 + t as u64);
                 let want = reference(g, &b, &dequantized(&x, t, cols, p), t);
                 let mut ys = vec![f32::NAN; t * rows];

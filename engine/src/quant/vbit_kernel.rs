@@ -27,10 +27,12 @@
 //! instructions per 64 codes instead ([`VbitRowsVbmi`], [`PairTable`]): a `vpermb` moves
 //! each run of 8 codes into its own 64-bit lane, first byte highest, `vpmultishiftqb`
 //! takes every code's bits from its fixed offset there, and a mask keeps them; a masked
-//! load reads the pair's bytes and nothing past them. Prefill of 16 tokens or more runs
-//! in the packed panels of [`super::panel`] instead.
+//! load reads the pair's bytes and nothing past them. Prefill of
+//! [`super::panel::Q4_MIN_TOKENS`] tokens or more runs in the packed panels of
+//! [`super::panel`] instead.
 //!
-//! Without VNNI (AVX2), the two-level activations' products of fewer than 16 tokens run a
+//! Without VNNI (AVX2), the two-level activations' products of fewer than
+//! [`super::panel::VBIT_AVX2_MIN_TOKENS`] tokens run a
 //! row at a time in [`VbitRows::row_dot_i16_b`], against the tokens' int16 codes
 //! `k = 256·q + q₂`, 8 groups per step:
 //! - the codes come as `u` (no zero point): the window shifted left by `s` with a
