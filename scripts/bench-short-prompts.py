@@ -62,20 +62,23 @@ def main():
     if a.simd:
         env["CORTIQ_SIMD"] = a.simd
 
+    def run(cmd, env=None):
+        # A failed run ends the script with its command and last stderr line, not a
+        # traceback (llama-bench's AMX build, for one, dies in prefill on some VMs).
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            last = (r.stderr.strip().splitlines() or [""])[-1]
+            sys.exit(f"bench-short-prompts: {' '.join(cmd)}: rc {r.returncode}: {last}")
+        return r.stdout
+
     def ours(path, f, n):
-        out = subprocess.run(
-            [path, "bench", f, "--threads", str(a.threads), "--prompt-tokens", str(n),
-             "--tokens", "1", "--repeat", "3", "--no-verify", "--json"],
-            capture_output=True, text=True, check=True, env=env,
-        ).stdout
+        out = run([path, "bench", f, "--threads", str(a.threads), "--prompt-tokens", str(n),
+                   "--tokens", "1", "--repeat", "3", "--no-verify", "--json"], env)
         return json.loads(out)["prefill_tok_s"]
 
     def llama(f, n):
-        out = subprocess.run(
-            [a.llama_bench, "-m", f, "-p", str(n), "-n", "0", "-t", str(a.threads),
-             "-r", "3", "-o", "json"],
-            capture_output=True, text=True, check=True,
-        ).stdout
+        out = run([a.llama_bench, "-m", f, "-p", str(n), "-n", "0", "-t", str(a.threads),
+                   "-r", "3", "-o", "json"])
         return json.loads(out)[0]["avg_ts"]
 
     res = {}

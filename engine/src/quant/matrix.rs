@@ -1063,7 +1063,7 @@ fn matmul_sel(
 
 fn matmul_impl(m: &Matrix, bytes: &[u8], acts: Acts, t: usize, sel: Option<&[u32]>, y: &mut [f32]) {
     if let Acts::Int(qa) = acts {
-        if let Some(fam) = panel::applies(m, qa, t) {
+        if let Some(fam) = panel::applies_to(m, qa.is_split(), t) {
             return panel::matmul(m, fam, bytes, qa, t, sel, y);
         }
     }

@@ -183,11 +183,6 @@ fn family(m: &Matrix) -> Option<Family> {
     }
 }
 
-/// The family a product of `m` over `t` tokens of `qa` runs here with, if it does.
-pub(super) fn applies(m: &Matrix, qa: &QuantizedActs, t: usize) -> Option<Family> {
-    applies_to(m, qa.is_split(), t)
-}
-
 /// The family a product of `m` over `t` tokens runs here with, if it does: at the
 /// two-level precision (`split`), on AVX-512 VNNI or AVX2, from the family's fewest tokens
 /// at that level ([`Q8_MIN_TOKENS`] and the AVX2 levels', [`Q4_MIN_TOKENS`],
@@ -225,7 +220,7 @@ fn int16_panels(fam: Family, avx2: bool) -> bool {
 /// as [`super::kernel::run_wide`] computes each one.
 ///
 /// # Panics
-/// Unless [`applies`] (the CPU must have AVX-512 VNNI or AVX2) and the sizes agree.
+/// Unless [`applies_to`] (the CPU must have AVX-512 VNNI or AVX2) and the sizes agree.
 pub(super) fn matmul(
     m: &Matrix,
     fam: Family,
@@ -271,7 +266,7 @@ pub(super) fn matmul(
         let ov = q1t_overlay(m).filter(|_| fam == Family::Grouped(Grouped::Q1t));
         let tp = t.next_multiple_of(16) + 16;
         if ov.is_some() {
-            // SAFETY: `applies` demanded AVX2 (`avx2_takes`) or else AVX-512.
+            // SAFETY: `applies_to` demanded AVX2 (`avx2_takes`) or else AVX-512.
             unsafe { activation_columns_at(avx2, qa, t, tp, g.cols, xt) };
         }
         let xt = &xt[..if ov.is_some() { g.cols * tp } else { 0 }];
@@ -297,7 +292,7 @@ pub(super) fn matmul(
                 };
                 // Panel `p`'s overlay corrections for `toks` into `corr`, if it has any.
                 let overlay = |p: usize, toks: std::ops::Range<usize>, corr: &mut Vec<f32>| {
-                    // SAFETY: `applies` demanded AVX-512, or AVX2 when `avx2`; `xt` is
+                    // SAFETY: `applies_to` demanded AVX-512, or AVX2 when `avx2`; `xt` is
                     // `cols` columns of `tp ≥ t + 16` tokens.
                     ov.is_some_and(|ov| unsafe {
                         let job = OverlayJob {
@@ -321,7 +316,7 @@ pub(super) fn matmul(
                         let next = (p + 1 < panels.end && fam == Family::Q8 && !avx2)
                             .then(|| panel_rows(g, bytes, sel, (p + 1) * PANEL, n));
                         let corr = overlay(p, 0..t, corr).then_some(&corr[..]);
-                        // SAFETY: `applies` demanded AVX-512 VNNI, or AVX2 when
+                        // SAFETY: `applies_to` demanded AVX-512 VNNI, or AVX2 when
                         // `avx2`; the panel, the activations, the corrections and the
                         // outputs are sized as the kernel reads them, and this task
                         // alone writes rows `p·32 ..` of `y`.

@@ -737,10 +737,9 @@ mod simd {
                 let w = _mm512_castsi512_si256(_mm512_permutex2var_epi8(z0, sidx, z1));
                 let sc = _mm512_castps_si512(_mm512_cvtph_ps(w));
                 *s2 = _mm512_castsi512_ps(_mm512_xor_si512(sc, neg));
-                if T == 1 {
-                    // Row `i` two blocks on (rows are contiguous within a task).
-                    _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(2 * R * row_bytes) as *const i8);
-                }
+                // Row `i` two blocks on (rows are contiguous within a task), in every
+                // tile as the shared kernels ask (`IntRowsSimd::prefetch_next`).
+                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(2 * R * row_bytes) as *const i8);
             }
             for (t, tix) in EX_TABLE.iter().enumerate().take(n) {
                 let g = first + t;
