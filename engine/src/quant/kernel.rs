@@ -554,7 +554,8 @@ pub(crate) struct QuantizedActs {
     q2: Vec<i8>,
     /// `[t, groups·32]` int16 codes `256·q + q₂`, in the order of `q` (filled when `split`
     /// and asked for: the row-scaled kernels sum them, and so do the grouped ones without
-    /// VNNI, [`int16_avx2_target`]; else empty).
+    /// VNNI, [`int16_avx2_target`], and the `q4` row kernels at every level,
+    /// [`nibble_pairs_avx2`] and [`nibble_pairs_avx512`]; else empty).
     k: Vec<i16>,
     /// `[t, groups rounded up to 8]` the sum of each group's `k = 256·q + q₂`, zero padded
     /// (filled on request for split tokens, [`QuantizedActs::fill_group_sums`]): a kernel
@@ -1392,8 +1393,9 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
 
     /// The rows are `q4` nibbles (16 bytes a group, byte `j` holding codes `j` and
     /// `j + 16` offset by 8): [`IntRowsSimd::nibble_pair`] is implemented, and the int16
-    /// products (AVX2, or AVX-512 without VNNI) run [`nibble_pairs_avx2`] instead of
-    /// [`int16_avx2_target`].
+    /// products run [`nibble_pairs_avx2`] (AVX2, or AVX-512 without VNNI) instead of
+    /// [`int16_avx2_target`], or [`nibble_pairs_avx512`] (AVX-512 VNNI) instead of
+    /// [`int_body512`].
     const NIBBLE_PAIRS: bool = false;
 
     /// The 16 nibble bytes of group `blk` of row `i` in the low 128 bits, those of group
@@ -1568,6 +1570,14 @@ pub(crate) fn run_int<D: IntRows, const R: usize, const T: usize>(
         Kernel::Neon => super::neon::int_neon::<D, R, T>(d, xs, out),
         // SAFETY: AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C are present (checked in the
         // guard), and the activation lengths were checked above.
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512
+            if has_vnni()
+                && split
+                && D::NIBBLE_PAIRS
+                && xs.iter().all(|x| x.k.len() == groups * STEP) =>
+        unsafe { nibble_pairs_avx512::<D, R, T>(d, xs, out) },
+        // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512 if has_vnni() => unsafe {
             if split {
@@ -1936,6 +1946,112 @@ unsafe fn nibble_pairs_avx2<D: IntRowsSimd, const R: usize, const T: usize>(
         int16_step::<D, R, T>(d, xs, blk, &w, &mut acc);
     }
     int_sums::<D, R, T, true>(d, xs, &acc, out);
+}
+
+/// [`nibble_pairs_avx2`] on 512 bits with AVX-512 VNNI: the two-level `q4` row kernels'
+/// products as one `vpdpwssd` per 32 nibbles against the tokens' int16 codes
+/// `k = 256·q + q₂`, where [`int_body512`] spends two `vpdpbusd` (one per byte level), a
+/// shift and an add: the same exact integers `Σ c·k`, so the same values up to the order
+/// of the lanes' f32 rounding. A pair's 32 nibble bytes widen to words in one
+/// `vpmovzxbw` (group `blk` in words 0–15, group `blk + 1` in 16–31), masked for the low
+/// nibbles (codes `0..16`) and shifted for the high ones (codes `16..32`); the token's
+/// codes are arranged to match once per pair and block of rows (two 128-bit shuffles,
+/// [`pair_token_512`]), with the `−8·Σ k` lanes the dot starts from. Lanes 0–7 then hold
+/// group `blk`'s sums and lanes 8–15 group `blk + 1`'s, one conversion and one FMA against
+/// [`IntRowsSimd::pair_scales`] finish the pair. A lane sums four products `(u − 8)·k`:
+/// |·| ≤ 4·8·32639 < 2²⁴, exact in f32. Each (row, token) pair sees the same operations
+/// whatever `R` and `T`, so short products equal their matrix-vector products bit for bit.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `D::NIBBLE_PAIRS`, and every token split
+/// with its int16 codes (checked by [`run_int`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn nibble_pairs_avx512<D: IntRowsSimd, const R: usize, const T: usize>(
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+) {
+    debug_assert!(D::NIBBLE_PAIRS && D::CODE_OFFSET == 8);
+    debug_assert_eq!(d.cols() % STEP, 0, "q4 rows are whole groups");
+    let full = d.cols() / STEP;
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let mask = _mm512_set1_epi16(0x0F);
+    for pair in 0..full / 2 {
+        let blk = 2 * pair;
+        let mut tok = [[_mm512_setzero_si512(); 3]; T];
+        for (t, x) in tok.iter_mut().zip(xs) {
+            *t = pair_token_512(x, blk);
+        }
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let w = _mm512_cvtepu8_epi16(d.nibble_pair(i, blk));
+            d.prefetch_next(i, blk);
+            d.prefetch_next(i, blk + 1);
+            let (lo, hi) = (_mm512_and_si512(w, mask), _mm512_srli_epi16::<4>(w));
+            let s = d.pair_scales(i, blk);
+            for (a, [ka, kb, start]) in acc.iter_mut().zip(&tok) {
+                let dot = dpwssd512(dpwssd512(*start, lo, *ka), hi, *kb);
+                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, *a);
+            }
+        }
+    }
+    // The odd last group, 8 lanes at a time.
+    let mut acc8 = [[_mm256_setzero_ps(); T]; R];
+    if full % 2 == 1 {
+        let mut w = [[_mm256_setzero_si256(); 2]; R];
+        for (i, w) in w.iter_mut().enumerate() {
+            *w = d.load_i16(i, full - 1);
+        }
+        int16_step::<D, R, T>(d, xs, full - 1, &w, &mut acc8);
+    }
+    for (i, (o, (a, a8))) in out.iter_mut().zip(acc.iter().zip(&acc8)).enumerate() {
+        let p = d.int_post(i);
+        for ((o, (a, a8)), x) in o.iter_mut().zip(a.iter().zip(a8)).zip(xs) {
+            *o = (_mm512_reduce_add_ps(*a) + hsum256(*a8)) * token_scale::<true>(x) * p;
+        }
+    }
+}
+
+/// `acc + Σ a·b` over each lane's two int16 pairs: `vpdpwssd`, written out because the
+/// compiler otherwise splits it into `vpmaddwd` and `vpaddd` (two instructions where the
+/// CPU runs one) when the sum it adds to is shared by the rows.
+///
+/// # Safety
+/// AVX-512 F/VNNI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[inline]
+unsafe fn dpwssd512(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    let mut r = acc;
+    std::arch::asm!(
+        "vpdpwssd {r}, {a}, {b}",
+        r = inout(zmm_reg) r,
+        a = in(zmm_reg) a,
+        b = in(zmm_reg) b,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    r
+}
+
+/// Groups `blk` and `blk + 1` of token `x` for [`nibble_pairs_avx512`]: the int16 codes
+/// `0..16` of both groups (group `blk`'s in the low 256 bits), codes `16..32` of both,
+/// and the `−8·Σ k` lanes of the pair's dot.
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI; `x.k` holds groups `blk` and `blk + 1`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn pair_token_512(x: &QToken, blk: usize) -> [__m512i; 3] {
+    let at = x.k.as_ptr().add(blk * STEP);
+    let (g0, g1) = (
+        _mm512_loadu_si512(at as *const _),
+        _mm512_loadu_si512(at.add(STEP) as *const _),
+    );
+    let ka = _mm512_shuffle_i64x2::<0b01_00_01_00>(g0, g1);
+    let kb = _mm512_shuffle_i64x2::<0b11_10_11_10>(g0, g1);
+    let o = _mm512_set1_epi16(-8);
+    let start = _mm512_dpwssd_epi32(_mm512_madd_epi16(ka, o), kb, o);
+    [ka, kb, start]
 }
 
 /// One pair of groups of [`nibble_pairs_avx2`]: groups `blk` and `blk + 1` of row `i`,
@@ -2445,7 +2561,7 @@ unsafe fn wide_avx512_target<D: IntRowsSimd, const R: usize, const T: usize>(
     let mut sums = [[0i64; T]; R];
     for chunk in wide_chunks(d.cols()) {
         let mut acc = [[_mm512_setzero_si512(); T]; R];
-        for b in chunk {
+        let step = |acc: &mut [[__m512i; T]; R], b: usize| {
             let mut w = [_mm512_setzero_si512(); R];
             for (i, w) in w.iter_mut().enumerate() {
                 *w = _mm512_cvtepi8_epi16(wide_codes::<D>(d, i, b, full));
@@ -2457,6 +2573,15 @@ unsafe fn wide_avx512_target<D: IntRowsSimd, const R: usize, const T: usize>(
                     acc[i][j] = _mm512_dpwssd_epi32(acc[i][j], w[i], k);
                 }
             }
+        };
+        // The whole groups, then a partial last one outside the loop: its call (in the
+        // loop, even untaken) kept the accumulators in memory, a load and a store around
+        // every `vpdpwssd`.
+        for b in chunk.start..chunk.end.min(full) {
+            step(&mut acc, b);
+        }
+        if chunk.end > full {
+            step(&mut acc, full);
         }
         for (s, a) in sums.iter_mut().zip(&acc) {
             for (s, a) in s.iter_mut().zip(a) {
@@ -2508,7 +2633,7 @@ unsafe fn wide_avx2_target<D: IntRowsSimd, const R: usize, const T: usize>(
         // token: the live registers are one row's codes and the accumulators (holding all
         // `R` rows' widened codes spilled them on AVX2's 16 registers). The tokens' codes
         // are reloaded per row, from L1.
-        for b in chunk {
+        let step = |acc: &mut [[__m256i; T]; R], b: usize| {
             for (i, acc) in acc.iter_mut().enumerate() {
                 let w = widen_codes::<D>(wide_codes::<D>(d, i, b, full));
                 for (a, x) in acc.iter_mut().zip(xs) {
@@ -2516,6 +2641,13 @@ unsafe fn wide_avx2_target<D: IntRowsSimd, const R: usize, const T: usize>(
                     *a = _mm256_add_epi32(*a, dot_i16(w, token_i16::<D>(x, b)));
                 }
             }
+        };
+        // A partial last group outside the loop (see `wide_avx512_target`).
+        for b in chunk.start..chunk.end.min(full) {
+            step(&mut acc, b);
+        }
+        if chunk.end > full {
+            step(&mut acc, full);
         }
         fold_wide(&mut sums, &acc);
     }

@@ -1120,12 +1120,13 @@ fn f16_block_conversion_equals_the_scalar_one() {
     }
 }
 
-/// Without VNNI, two-level products of few tokens sum the int16 codes
-/// (`int16_avx2_target`); the others (tokens quantized without them) dot both byte
-/// levels (`int_step`). Both form the scalar reference's exact group integers, so all
-/// three agree within the f32 bound of the per-group terms, over every `q4` layout, an
-/// odd number of groups and tokens, and a partial row block's worth of tokens. A kernel
-/// that dropped the `−8·Σk` start, or paired a weight with the wrong activation, fails.
+/// Two-level products of few tokens sum the int16 codes (`nibble_pairs_avx2`, and with
+/// AVX-512 VNNI `nibble_pairs_avx512`); the others (tokens quantized without them) dot
+/// both byte levels (`int_step`, `int_body512`). All form the scalar reference's exact
+/// group integers, so they agree within the f32 bound of the per-group terms, at each
+/// level the CPU has, over every `q4` layout, odd and even numbers of groups, and a
+/// partial row block's worth of tokens. A kernel that dropped the `−8·Σk` start, or
+/// paired a weight with the wrong activation, fails.
 #[test]
 fn two_level_products_agree_with_and_without_int16_codes() {
     use super::kernel::{run_int, ActOrder, IntRows, QuantizedActs};
@@ -1156,15 +1157,25 @@ fn two_level_products_agree_with_and_without_int16_codes() {
             .flat_map(|&r| w[r * g.cols..(r + 1) * g.cols].to_vec())
             .collect();
         let bound = int_bound(&wr, 8, g.cols, &x, T, Precision::Balanced);
-        for int16 in [false, true] {
-            let simd = product::<D, T>(Kernel::Avx2, d, &x, g.cols, int16);
+        let levels = [Kernel::Avx2, Kernel::Avx512]
+            .into_iter()
+            .filter(|k| k.is_available());
+        for (level, int16) in levels.flat_map(|k| [(k, false), (k, true)]) {
+            let simd = product::<D, T>(level, d, &x, g.cols, int16);
             for (i, (a, b)) in simd.iter().zip(&scalar).enumerate() {
                 for (j, (&a, &b)) in a.iter().zip(b).enumerate() {
                     let (exact, err) = bound[j * 8 + i];
-                    let tol = 2.0 * tolerance(g.cols / 32 + 8, 4.0 * (err + exact.abs()));
+                    // Each sum rounds its per-group (or per-lane) terms, whose magnitudes
+                    // add up to about Σ|w·x| (the quantized activations within 1% of
+                    // `x`): a bound on a cancelling sum, which its own size is not. The
+                    // 16-lane kernels add a reduction of 16 lanes and one of 8.
+                    let mag: f64 = (0..g.cols)
+                        .map(|c| (wr[i * g.cols + c] as f64 * x[j * g.cols + c] as f64).abs())
+                        .sum();
+                    let tol = 2.0 * tolerance(g.cols / 32 + 24, 1.01 * mag + err);
                     assert!(
                         (a as f64 - b as f64).abs() <= tol,
-                        "{what} int16 {int16} row {i} token {j}: {a} vs scalar {b}"
+                        "{what} {level:?} int16 {int16} row {i} token {j}: {a} vs scalar {b}"
                     );
                     // And both near the exact product (the quantization bound).
                     assert!(
@@ -1175,7 +1186,7 @@ fn two_level_products_agree_with_and_without_int16_codes() {
             }
         }
     }
-    for cols in [96u64, 160, 2080] {
+    for cols in [96u64, 160, 192, 2080] {
         for dtype in [DType::Q4Block, DType::Q4Tiled, DType::Q4tp] {
             let shape = [11u64, cols];
             let (bytes, w, g) = encoded(dtype, &shape, 41 + cols);
