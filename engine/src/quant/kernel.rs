@@ -1384,10 +1384,18 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
     /// sees the same operations whatever `T`, so `matmul` stays equal to its `matvec`s.
     /// Only for [`IntRowsSimd::ROW_DOT_I16`] layouts.
     ///
+    /// With `VNNI`, each multiply-add of int16 pairs into a sum is AVX-VNNI's one
+    /// `vpdpwssd` where AVX2 takes `vpmaddwd` and `vpaddd` (the same integers).
+    ///
     /// # Safety
-    /// AVX2, FMA and F16C; `i < R`, every token's `k` holds `cols` codes.
+    /// AVX2, FMA and F16C, and AVX-VNNI when `VNNI`; `i < R`, every token's `k` holds
+    /// `cols` codes.
     #[inline(always)]
-    unsafe fn row_dot_i16<const T: usize>(&self, _i: usize, _xs: &[QToken; T]) -> [f32; T] {
+    unsafe fn row_dot_i16<const T: usize, const VNNI: bool>(
+        &self,
+        _i: usize,
+        _xs: &[QToken; T],
+    ) -> [f32; T] {
         unreachable!("row_dot_i16 of a layout without ROW_DOT_I16")
     }
 
@@ -1586,6 +1594,15 @@ pub(crate) fn run_int<D: IntRows, const R: usize, const T: usize>(
                 int_avx::<D, R, T, true, false>(d, xs, out)
             }
         },
+        // SAFETY: `AvxVnni` is a level this CPU has (AVX2, FMA, F16C and AVX-VNNI), and the
+        // int16 codes are there (checked here).
+        #[cfg(target_arch = "x86_64")]
+        Kernel::AvxVnni
+            if Kernel::AvxVnni.is_available()
+                && split
+                && D::ROW_DOT_I16
+                && xs.iter().all(|x| x.k.len() == groups * STEP) =>
+        unsafe { row_dot_i16_avxvnni_target::<D, R, T>(d, xs, out) },
         // SAFETY: AVX2/FMA/F16C are present (checked in the guard; `Avx512` implies them),
         // and so are the int16 codes (checked here).
         #[cfg(target_arch = "x86_64")]
@@ -1804,6 +1821,24 @@ unsafe fn int_sums<D: IntRowsSimd, const R: usize, const T: usize, const SPLIT: 
     }
 }
 
+/// [`int16_avx2_target`]'s row kernels ([`IntRowsSimd::ROW_DOT_I16`]) with AVX-VNNI's
+/// `vpdpwssd` (`vbit` decode at the `avxvnni` level).
+///
+/// # Safety
+/// AVX2, FMA, F16C and AVX-VNNI; `D::ROW_DOT_I16`, and every token split with its int16
+/// codes (checked by [`run_int`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn row_dot_i16_avxvnni_target<D: IntRowsSimd, const R: usize, const T: usize>(
+    d: &D,
+    xs: &[QToken; T],
+    out: &mut [[f32; T]; R],
+) {
+    for (i, o) in out.iter_mut().enumerate() {
+        row_outputs(d, i, d.row_dot_i16::<T, true>(i, xs), xs, o);
+    }
+}
+
 /// The two-level grouped kernel without VNNI: a token's int16 codes `k = 256·q + q₂`
 /// against the weight codes widened to int16, one `vpmaddwd` per 16 codes. A group's
 /// integer `Σ c·k = 256·Σ c·q + Σ c·q₂` is the one [`int_step`] forms from both byte
@@ -1827,7 +1862,7 @@ unsafe fn int16_avx2_target<D: IntRowsSimd, const R: usize, const T: usize>(
 ) {
     if D::ROW_DOT_I16 {
         for (i, o) in out.iter_mut().enumerate() {
-            row_outputs(d, i, d.row_dot_i16(i, xs), xs, o);
+            row_outputs(d, i, d.row_dot_i16::<T, false>(i, xs), xs, o);
         }
         return;
     }
@@ -2028,6 +2063,25 @@ unsafe fn dpwssd512(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
         r = inout(zmm_reg) r,
         a = in(zmm_reg) a,
         b = in(zmm_reg) b,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    r
+}
+
+/// [`dpwssd512`] on 256 bits with AVX-VNNI (the `vbit` row kernels at `avxvnni`).
+///
+/// # Safety
+/// AVX2 and AVX-VNNI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avxvnni")]
+#[inline]
+pub(crate) unsafe fn dpwssd256(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    let mut r = acc;
+    std::arch::asm!(
+        "{{vex}} vpdpwssd {r}, {a}, {b}",
+        r = inout(ymm_reg) r,
+        a = in(ymm_reg) a,
+        b = in(ymm_reg) b,
         options(pure, nomem, nostack, preserves_flags),
     );
     r

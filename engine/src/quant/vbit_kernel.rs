@@ -343,7 +343,9 @@ impl<const R: usize> IntRowsScalar for VbitRowsVbmi<'_, R> {
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::kernel::{h2f, hsum256, IntRowsSimd, QToken, RowsAvx2, RowsAvx512};
+    use super::super::kernel::{
+        dpwssd256, h2f, hsum256, IntRowsSimd, QToken, RowsAvx2, RowsAvx512,
+    };
     use super::{VbitRows, VbitRowsVbmi, WidthTable};
     use std::arch::x86_64::*;
 
@@ -574,13 +576,23 @@ mod simd {
     }
 
     /// `vphaddd` of the integer dots of [`group_pair`]'s two groups against the 64 int16
-    /// codes at `k`.
+    /// codes at `k`; with `VNNI`, each group's second multiply-add folded into its sum
+    /// (`vpdpwssd`).
     ///
     /// # Safety
-    /// AVX2; 64 codes at `k`.
+    /// AVX2, and AVX-VNNI when `VNNI`; 64 codes at `k`.
     #[inline(always)]
-    unsafe fn pair_dot(c: &[__m256i; 4], k: *const i16) -> __m256i {
+    unsafe fn pair_dot<const VNNI: bool>(c: &[__m256i; 4], k: *const i16) -> __m256i {
         let k = k as *const __m256i;
+        if VNNI {
+            // (No closure for the loads: it would not inherit the target features.)
+            let (k0, k1) = (_mm256_loadu_si256(k), _mm256_loadu_si256(k.add(1)));
+            let (k2, k3) = (_mm256_loadu_si256(k.add(2)), _mm256_loadu_si256(k.add(3)));
+            return _mm256_hadd_epi32(
+                dpwssd256(_mm256_madd_epi16(c[0], k0), c[1], k1),
+                dpwssd256(_mm256_madd_epi16(c[2], k2), c[3], k3),
+            );
+        }
         _mm256_hadd_epi32(
             _mm256_add_epi32(
                 _mm256_madd_epi16(c[0], _mm256_loadu_si256(k)),
@@ -636,7 +648,13 @@ mod simd {
         /// # Safety
         /// As [`IntRowsSimd::row_dot_i16`], `g + n ≤ cols / 32`, row `i` is `B` bits wide.
         #[inline(always)]
-        unsafe fn step_i16<const B: i32, const T: usize, const FAST: bool, const NIB: bool>(
+        unsafe fn step_i16<
+            const B: i32,
+            const T: usize,
+            const FAST: bool,
+            const NIB: bool,
+            const VNNI: bool,
+        >(
             &self,
             i: usize,
             g: usize,
@@ -669,7 +687,7 @@ mod simd {
                 };
                 for (h, x) in h.iter_mut().zip(xs) {
                     let k = if NIB { x.kp } else { x.k };
-                    h[m] = pair_dot(&c, k.as_ptr().add(32 * (g + 2 * m)));
+                    h[m] = pair_dot::<VNNI>(&c, k.as_ptr().add(32 * (g + 2 * m)));
                 }
             }
             let s = self.step_scales::<FAST>(i, g, n);
@@ -684,7 +702,7 @@ mod simd {
         /// # Safety
         /// As there, and row `i` is `B` bits wide.
         #[inline(always)]
-        unsafe fn row_dot_i16_b<const B: i32, const T: usize, const NIB: bool>(
+        unsafe fn row_dot_i16_b<const B: i32, const T: usize, const NIB: bool, const VNNI: bool>(
             &self,
             i: usize,
             xs: &[QToken; T],
@@ -702,16 +720,23 @@ mod simd {
             // the payload, a row's last partial step) checked.
             if NIB {
                 while g + 8 <= gpr {
-                    self.step_i16::<B, T, true, true>(i, g, 8, &regs, xs, &mut acc);
+                    self.step_i16::<B, T, true, true, VNNI>(i, g, 8, &regs, xs, &mut acc);
                     g += 8;
                 }
             }
             while g + 8 <= gpr && self.loads_in_payload(p.add(gb * (g + 7)), B as usize) {
-                self.step_i16::<B, T, true, NIB>(i, g, 8, &regs, xs, &mut acc);
+                self.step_i16::<B, T, true, NIB, VNNI>(i, g, 8, &regs, xs, &mut acc);
                 g += 8;
             }
             while g < gpr {
-                self.step_i16::<B, T, false, NIB>(i, g, (gpr - g).min(8), &regs, xs, &mut acc);
+                self.step_i16::<B, T, false, NIB, VNNI>(
+                    i,
+                    g,
+                    (gpr - g).min(8),
+                    &regs,
+                    xs,
+                    &mut acc,
+                );
                 g += 8;
             }
             acc_sums(acc)
@@ -745,14 +770,20 @@ mod simd {
         /// broadcast on every group, and reloaded the width's tables for every row and
         /// group. Each group's integer dot is the scalar reference's, converted alike.
         #[inline(always)]
-        unsafe fn row_dot_i16<const T: usize>(&self, i: usize, xs: &[QToken; T]) -> [f32; T] {
+        unsafe fn row_dot_i16<const T: usize, const VNNI: bool>(
+            &self,
+            i: usize,
+            xs: &[QToken; T],
+        ) -> [f32; T] {
             match *self.bits.get_unchecked(i) {
-                3 => self.row_dot_i16_b::<3, T, false>(i, xs),
-                4 if xs.iter().all(|x| !x.kp.is_empty()) => self.row_dot_i16_b::<4, T, true>(i, xs),
-                4 => self.row_dot_i16_b::<4, T, false>(i, xs),
-                5 => self.row_dot_i16_b::<5, T, false>(i, xs),
-                6 => self.row_dot_i16_b::<6, T, false>(i, xs),
-                _ => self.row_dot_i16_b::<8, T, false>(i, xs),
+                3 => self.row_dot_i16_b::<3, T, false, VNNI>(i, xs),
+                4 if xs.iter().all(|x| !x.kp.is_empty()) => {
+                    self.row_dot_i16_b::<4, T, true, VNNI>(i, xs)
+                }
+                4 => self.row_dot_i16_b::<4, T, false, VNNI>(i, xs),
+                5 => self.row_dot_i16_b::<5, T, false, VNNI>(i, xs),
+                6 => self.row_dot_i16_b::<6, T, false, VNNI>(i, xs),
+                _ => self.row_dot_i16_b::<8, T, false, VNNI>(i, xs),
             }
         }
 
