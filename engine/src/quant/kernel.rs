@@ -1573,19 +1573,20 @@ pub(crate) fn run_int<D: IntRows, const R: usize, const T: usize>(
         }
         return run_wide::<D, R, T>(k, d, xs, out);
     }
+    // Split tokens with their int16 codes: the kernels that sum those (per level below).
+    let int16 = split && xs.iter().all(|x| x.k.len() == groups * STEP);
     match k {
         #[cfg(target_arch = "aarch64")]
         Kernel::Neon => super::neon::int_neon::<D, R, T>(d, xs, out),
         // SAFETY: AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C are present (checked in the
-        // guard), and the activation lengths were checked above.
+        // guard), the activation lengths were checked above and the int16 codes are there
+        // (`int16`).
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512
-            if has_vnni()
-                && split
-                && D::NIBBLE_PAIRS
-                && xs.iter().all(|x| x.k.len() == groups * STEP) =>
-        unsafe { nibble_pairs_avx512::<D, R, T>(d, xs, out) },
-        // SAFETY: as above.
+        Kernel::Avx512 if has_vnni() && int16 && D::NIBBLE_PAIRS => unsafe {
+            nibble_pairs_avx512::<D, R, T>(d, xs, out)
+        },
+        // SAFETY: AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C are present (checked in the
+        // guard), and the activation lengths were checked above.
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512 if has_vnni() => unsafe {
             if split {
@@ -1595,23 +1596,16 @@ pub(crate) fn run_int<D: IntRows, const R: usize, const T: usize>(
             }
         },
         // SAFETY: `AvxVnni` is a level this CPU has (AVX2, FMA, F16C and AVX-VNNI), and the
-        // int16 codes are there (checked here).
+        // int16 codes are there (`int16`).
         #[cfg(target_arch = "x86_64")]
-        Kernel::AvxVnni
-            if Kernel::AvxVnni.is_available()
-                && split
-                && D::ROW_DOT_I16
-                && xs.iter().all(|x| x.k.len() == groups * STEP) =>
-        unsafe { row_dot_i16_avxvnni_target::<D, R, T>(d, xs, out) },
+        Kernel::AvxVnni if Kernel::AvxVnni.is_available() && int16 && D::ROW_DOT_I16 => unsafe {
+            row_dot_i16_avxvnni_target::<D, R, T>(d, xs, out)
+        },
         // SAFETY: AVX2/FMA/F16C are present (checked in the guard; `Avx512` implies them),
-        // and so are the int16 codes (checked here).
+        // and so are the int16 codes (`int16`).
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512 | Kernel::Avx2 | Kernel::AvxVnni
-            if Kernel::Avx2.is_available()
-                && split
-                && D::GROUP_SCALES
-                && D::CODE_OFFSET <= 8
-                && xs.iter().all(|x| x.k.len() == groups * STEP) =>
+            if Kernel::Avx2.is_available() && int16 && D::GROUP_SCALES && D::CODE_OFFSET <= 8 =>
         unsafe {
             if D::NIBBLE_PAIRS {
                 nibble_pairs_avx2::<D, R, T>(d, xs, out)
@@ -2095,45 +2089,47 @@ unsafe fn pair_step512<D: IntRowsSimd, const T: usize>(
     }
 }
 
-/// `acc + Σ a·b` over each lane's two int16 pairs: `vpdpwssd`, written out because the
-/// compiler otherwise splits it into `vpmaddwd` and `vpaddd` (two instructions where the
-/// CPU runs one) when the sum it adds to is shared by the rows.
-///
-/// # Safety
-/// AVX-512 F/VNNI.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vnni")]
-#[inline]
-unsafe fn dpwssd512(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
-    let mut r = acc;
-    std::arch::asm!(
-        "vpdpwssd {r}, {a}, {b}",
-        r = inout(zmm_reg) r,
-        a = in(zmm_reg) a,
-        b = in(zmm_reg) b,
-        options(pure, nomem, nostack, preserves_flags),
-    );
-    r
+/// `vpdpwssd` as one instruction (`acc + Σ a·b` over each 32-bit lane's two int16 pairs),
+/// written out: from the intrinsic the compiler emits `vpmaddwd` + `vpaddd` wherever the
+/// sum it adds to comes from another multiply-add (the `q4` kernel's start lanes shared by
+/// the rows, the first product of a `vbit` group): two instructions where the CPU runs
+/// one. The AVX-512 `q4` decode ran no faster than the byte levels until this (0.97–0.98);
+/// `vbit`'s AVX-VNNI kernel kept 176 of its 1038 (`objdump`). Where the sum is a loop's
+/// own accumulator (the panels, the `q8` row kernels) the intrinsic stays one instruction.
+macro_rules! dpwssd_asm {
+    ($(#[$doc:meta])* $vis:vis $name:ident, $ty:ty, $reg:ident, $features:literal, $insn:literal) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        #[inline]
+        $vis unsafe fn $name(acc: $ty, a: $ty, b: $ty) -> $ty {
+            let mut r = acc;
+            std::arch::asm!(
+                $insn,
+                r = inout($reg) r,
+                a = in($reg) a,
+                b = in($reg) b,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+            r
+        }
+    };
 }
 
-/// [`dpwssd512`] on 256 bits with AVX-VNNI (the `vbit` row kernels at `avxvnni`).
-///
-/// # Safety
-/// AVX2 and AVX-VNNI.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,avxvnni")]
-#[inline]
-pub(crate) unsafe fn dpwssd256(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-    let mut r = acc;
-    std::arch::asm!(
-        "{{vex}} vpdpwssd {r}, {a}, {b}",
-        r = inout(ymm_reg) r,
-        a = in(ymm_reg) a,
-        b = in(ymm_reg) b,
-        options(pure, nomem, nostack, preserves_flags),
-    );
-    r
-}
+dpwssd_asm!(
+    /// [`dpwssd_asm`] on 512 bits (the `q4` row kernels at AVX-512 VNNI).
+    ///
+    /// # Safety
+    /// AVX-512 F/VNNI.
+    dpwssd512, __m512i, zmm_reg, "avx512f,avx512vnni", "vpdpwssd {r}, {a}, {b}"
+);
+dpwssd_asm!(
+    /// [`dpwssd_asm`] on 256 bits with AVX-VNNI (the `vbit` row kernels at `avxvnni`).
+    ///
+    /// # Safety
+    /// AVX2 and AVX-VNNI.
+    pub(crate) dpwssd256, __m256i, ymm_reg, "avx2,avxvnni", "{{vex}} vpdpwssd {r}, {a}, {b}"
+);
 
 /// Groups `blk` and `blk + 1` of token `x` for [`nibble_pairs_avx512`]: the int16 codes
 /// `0..16` of both groups (group `blk`'s in the low 256 bits), codes `16..32` of both,

@@ -309,14 +309,15 @@ fn int_order(m: &Matrix) -> Option<ActOrder> {
     }
 }
 
-/// Whether `m`'s integer kernel in `order` sums the int16 codes [`QuantizedActs::fill`]
-/// then fills: the row-scaled kernels always (`q8`, natural order); when the product runs
-/// in the row kernels (`rows`), not in the panels, the grouped kernels without VNNI
-/// (`int16_avx2_target`) and the `q4` ones with it (`nibble_pairs_avx512`: one
-/// `vpdpwssd` per 32 nibbles where the byte levels took two `vpdpbusd`, a shift and an
-/// add; decode 1.07–1.09× on both models, 2026-12-06).
-fn int16_codes(m: &Matrix, order: ActOrder, rows: bool) -> bool {
-    order == ActOrder::Natural || (rows && (!m.kernel.has_vnni() || order == ActOrder::NibblePairs))
+/// Whether the integer kernel in `order` sums the int16 codes [`QuantizedActs::fill`] then
+/// fills: the row-scaled kernels always (`q8`, natural order), and the `q4` row kernels
+/// (nibble-pair order) when the product runs in them (`rows`), not in the panels
+/// (`nibble_pairs_avx2`, and with AVX-512 VNNI `nibble_pairs_avx512`: one `vpdpwssd` per
+/// 32 nibbles where the byte levels took two `vpdpbusd`, a shift and an add; decode
+/// 1.07–1.09× on both models, 2026-12-06). (`vbit` on VBMI, the one offset order, implies
+/// VNNI, whose grouped kernels dot the byte levels.)
+fn int16_codes(order: ActOrder, rows: bool) -> bool {
+    order == ActOrder::Natural || (rows && order == ActOrder::NibblePairs)
 }
 
 /// Quantizes `x` (`[t, cols]`) for `m`'s integer kernel in `order` into `qa`, with the int16
@@ -331,7 +332,7 @@ fn fill_for(
     p: Precision,
 ) {
     let rows = panel::applies_to(m, p.split(), t).is_none();
-    let int16 = int16_codes(m, order, rows);
+    let int16 = int16_codes(order, rows);
     qa.fill(x, t, m.cols, col_field(m), order, p.split(), int16);
     if matches!(m.dtype, DType::Vbit | DType::VbitRo) {
         qa.fill_group_sums();

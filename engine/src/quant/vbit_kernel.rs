@@ -585,7 +585,6 @@ mod simd {
     unsafe fn pair_dot<const VNNI: bool>(c: &[__m256i; 4], k: *const i16) -> __m256i {
         let k = k as *const __m256i;
         if VNNI {
-            // (No closure for the loads: it would not inherit the target features.)
             let (k0, k1) = (_mm256_loadu_si256(k), _mm256_loadu_si256(k.add(1)));
             let (k2, k3) = (_mm256_loadu_si256(k.add(2)), _mm256_loadu_si256(k.add(3)));
             return _mm256_hadd_epi32(
