@@ -151,10 +151,11 @@ const _: () = assert!(
 /// across the levels and both models).
 pub(super) const Q1T_MIN_TOKENS: usize = 8;
 
-/// Fewest tokens a `vbit` product runs in the AVX2 panels with (their int16 codes take
-/// two `vpmaddwd` per four columns; at 12 tokens they were still 0.82–1.09 of the row
-/// kernels). On AVX-512 VNNI `vbit` takes [`Q4_MIN_TOKENS`] (1.02–1.23 at 4 tokens).
-pub(super) const VBIT_AVX2_MIN_TOKENS: usize = 16;
+/// Fewest tokens a `vbit` product runs in the AVX2 panels with: their int16 codes take
+/// two `vpmaddwd` per four columns. Prefill, panels ÷ row kernels, 4 / 8 / 12 tokens, at
+/// `avxvnni` and `avx2` (Qwen2.5-Coder-0.5B, SmolLM2-135M): 0.69–0.85 / 0.87–1.02 /
+/// 1.00–1.10. On AVX-512 VNNI `vbit` takes [`Q4_MIN_TOKENS`] (1.02–1.23 at 4 tokens).
+pub(super) const VBIT_AVX2_MIN_TOKENS: usize = 12;
 
 /// Fewest tokens a `q8` product runs here with, per level: packing costs a pass over the
 /// weights, which the fewest tokens do not repay. The values are the row kernels' bit for
@@ -1287,6 +1288,8 @@ unsafe fn transpose8(r: &[__m256i; 8]) -> [__m256i; 8] {
 /// Rows `8·oct ..` (`live` of them real) of a `vbit` panel for AVX2 ([`tile_i16_avx2`]):
 /// per group, each row's 32 codes widened to int16 ([`IntRowsSimd::load_i16`]: 16 words
 /// of two codes), transposed 8 × 8 words in two halves, then per group and row the scale.
+/// Each row's group asks L2 for the rows ahead ([`IntRowsSimd::prefetch_pack`], as
+/// [`pack_grouped_avx2`] does): 64-token prefill 1.06–1.12× on both models and levels.
 ///
 /// # Safety
 /// AVX2; `dst` is one panel of [`panel_len`] words (`cols % 32 == 0`), zeroed unless all
@@ -1307,6 +1310,7 @@ unsafe fn pack_i16_avx2<D: IntRowsSimd>(
     for g in 0..groups {
         let mut r = [[_mm256_setzero_si256(); 8]; 2];
         for i in 0..live {
+            d.prefetch_pack(i, g);
             let [lo, hi] = d.load_i16(i, g);
             (r[0][i], r[1][i]) = (lo, hi);
         }
@@ -1501,7 +1505,7 @@ unsafe fn panel_tokens_avx_vnni(
 }
 
 /// Tokens `toks` against one packed panel on AVX2: `q8` four at a time ([`tile_q8_avx2`]),
-/// `vbit` two at a time ([`tile_i16_avx2`]), the other grouped layouts one at a time over
+/// `vbit` four at a time too ([`tile_i16_avx2`]), the other grouped layouts one at a time over
 /// the panel's 32 rows ([`tile_q4_avx2`]). With `VNNI`, each byte or int16 multiply-add
 /// is one AVX-VNNI instruction (compiled inside [`panel_tokens_avx_vnni`]'s features).
 ///
@@ -1541,11 +1545,7 @@ unsafe fn panel_tokens_avx2<const VNNI: bool>(
         return;
     }
     let mut j = toks.start;
-    let step = if fam == Family::Q8 {
-        Q8_TILE_TOKENS_AVX2
-    } else {
-        2
-    };
+    let step = Q8_TILE_TOKENS_AVX2;
     while j < toks.end {
         let left = (toks.end - j).min(step);
         for half in 0..2 {
@@ -1561,6 +1561,8 @@ unsafe fn panel_tokens_avx2<const VNNI: bool>(
                 (Family::Q8, 3) => tile_q8_avx2::<3, VNNI>(panel, c4, qa, d, at),
                 (Family::Q8, 2) => tile_q8_avx2::<2, VNNI>(panel, c4, qa, d, at),
                 (Family::Q8, _) => tile_q8_avx2::<1, VNNI>(panel, c4, qa, d, at),
+                (_, 4) => tile_i16_avx2::<4, VNNI>(panel, c4, qa, d, at),
+                (_, 3) => tile_i16_avx2::<3, VNNI>(panel, c4, qa, d, at),
                 (_, 2) => tile_i16_avx2::<2, VNNI>(panel, c4, qa, d, at),
                 (_, _) => tile_i16_avx2::<1, VNNI>(panel, c4, qa, d, at),
             }
@@ -2012,8 +2014,11 @@ unsafe fn step_i16<const T: usize, const VNNI: bool>(
     }
 }
 
-/// Tokens per AVX2 `q8` register tile: 2 row vectors × 4 tokens int32 accumulators, the
-/// two weight vectors and a broadcast = 11 of the 16 registers.
+/// Tokens per AVX2 int16 register tile (`q8`, and `vbit`'s [`tile_i16_avx2`]): 2 row
+/// vectors × 4 tokens int32 accumulators, the two weight vectors and a broadcast = 11 of
+/// the 16 registers. Eight independent sums keep two multiply-adds a cycle in flight
+/// (latency 5): `vbit`'s tile on 2 tokens, four sums, ran its 64-token prefill 0.90–0.95×
+/// as fast (Qwen2.5-Coder-0.5B, SmolLM2-135M, at `avx2` and `avxvnni`).
 const Q8_TILE_TOKENS_AVX2: usize = 4;
 
 /// Words (column pairs) a `q8` tile sums in int32 before it adds the sums to f64: 256
