@@ -260,6 +260,12 @@ fn bench_reports_the_design_keys() {
     }
     // The process before the model is part of the peak, never more.
     assert!(j["baseline_rss_bytes"].as_f64() <= j["peak_rss_bytes"].as_f64());
+    // The file mapped in 2 MiB pages is resident, so part of the peak (Linux reports it).
+    let huge = &j["file_huge_page_bytes"];
+    if cfg!(target_os = "linux") {
+        assert!(huge.as_u64() <= j["peak_rss_bytes"].as_u64(), "{j}");
+        assert!(huge.is_u64(), "{j}");
+    }
 }
 
 /// `bench --json` on `file` (16-token prompt, 8 tokens, 2 repetitions, 1 thread) with

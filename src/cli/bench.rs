@@ -90,9 +90,22 @@ fn rss_bytes() -> Option<u64> {
     status_bytes("VmRSS:")
 }
 
+/// How much of this process's file mappings Linux maps in 2 MiB pages
+/// (`FilePmdMapped`), in bytes: the model's weights once the page cache holds them in
+/// huge folios (see `CmfFile::open`). Decode walks the page tables once per page of
+/// weights, so this tells two runs of the same build apart.
+fn file_huge_page_bytes() -> Option<u64> {
+    proc_bytes("/proc/self/smaps_rollup", "FilePmdMapped:")
+}
+
 /// A size field of `/proc/self/status` (given in kB), in bytes.
 fn status_bytes(field: &str) -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    proc_bytes("/proc/self/status", field)
+}
+
+/// A size field (given in kB) of a `/proc` file, in bytes.
+fn proc_bytes(path: &str, field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(path).ok()?;
     let line = s.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
@@ -382,6 +395,7 @@ pub fn run(a: &Args) -> CmdResult {
     };
     let (pf, dc, tt) = (median(prefill), median(decode), median(ttft));
     let rss = peak_rss_bytes();
+    let huge = file_huge_page_bytes();
     let kernel = Kernel::detect().name();
     let precision = model.precision().name();
     let weight_bytes = model.weight_bytes_per_token();
@@ -394,6 +408,7 @@ pub fn run(a: &Args) -> CmdResult {
             "ttft_s": tt,
             "peak_rss_bytes": rss,
             "baseline_rss_bytes": baseline_rss,
+            "file_huge_page_bytes": huge,
             "load_s": load_s,
             "threads": threads,
             "prompt_tokens": a.prompt_tokens,
@@ -418,7 +433,7 @@ pub fn run(a: &Args) -> CmdResult {
         emit(&format!(
             "{}\n  threads {threads}, prompt {} tokens, decode {} tokens, median of {}\n  \
              prefill {pf:.1} tok/s   decode {dc:.1} tok/s   ttft {:.1} ms\n  \
-             load {:.1} ms   peak RSS {} ({} before the model opened)\n",
+             load {:.1} ms   peak RSS {} ({} before the model opened){}\n",
             a.model.file.display(),
             a.prompt_tokens,
             a.tokens,
@@ -427,6 +442,10 @@ pub fn run(a: &Args) -> CmdResult {
             load_s * 1e3,
             rss.map_or("?".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
             baseline_rss.map_or("?".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
+            huge.map_or(String::new(), |b| format!(
+                "; {:.1} MiB of the file in 2 MiB pages",
+                b as f64 / 1048576.0
+            )),
         ))?;
         emit(&format!(
             "  kernel {kernel}, precision {precision}; {:.1} MiB of weights per token \
