@@ -61,8 +61,9 @@ impl std::fmt::Debug for CmfFile {
 /// one page: on the Intel Xeon VM of docs/bench/inference.md (Linux 6.18, ext4), the
 /// page cache emptied before each run, Qwen2.5-Coder-0.5B `q8_row` decoded at 52.9–53.7
 /// tok/s against 45.2 (`FilePmdMapped` 499–526 MiB of the 472 MiB of weights against
-/// 22 MiB). Pages already cached stay as they were read (a `read()` of the whole file
-/// leaves large folios too); the hint is ignored where transparent huge pages are off.
+/// 22 MiB). Pages already cached stay as they were read or written: a `read()` of the
+/// whole file leaves large folios, and so does this crate's writer (whole 2 MiB writes,
+/// `writer::ChunkWriter`). The hint is ignored where transparent huge pages are off.
 fn advise_huge_pages(map: &memmap2::Mmap) {
     #[cfg(target_os = "linux")]
     let _ = map.advise(memmap2::Advice::HugePage);
