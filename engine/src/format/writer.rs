@@ -433,16 +433,19 @@ impl StreamWriter {
 /// Bytes per write of a [`ChunkWriter`]: the 2 MiB of a huge page.
 const CHUNK: usize = 2 << 20;
 
-/// A buffered writer from offset 0 whose writes are whole [`CHUNK`]s at multiples of
-/// `CHUNK` (the last one shorter). Linux sizes the page-cache folios of a buffered write
-/// by the write, so a file written this way is cached in 2 MiB folios, which a reader's
-/// mapping maps as huge pages (see `CmfFile::open`). `std::io::BufWriter` flushes whatever
-/// it holds when the next write does not fit, at offsets that drift: a model written
-/// through it was cached in small folios (12 of 72 MiB mapped in huge pages), and decoding
-/// it ran at the speed of 4 KiB pages until the page cache dropped it.
+/// A buffered writer from offset 0 whose writes end at multiples of [`CHUNK`]: whole
+/// chunks at 2 MiB offsets, except what a [`Write::flush`] writes early (the next write
+/// then fills up to the boundary) and the last. Linux sizes the page-cache folios of a
+/// buffered write by the write, so a file written this way is cached in 2 MiB folios,
+/// which a reader's mapping maps as huge pages (see `CmfFile::open`). `std::io::BufWriter`
+/// flushes whatever it holds when the next write does not fit, at offsets that drift: a
+/// model written through it was cached in small folios (12 of 72 MiB mapped in huge
+/// pages), and decoding it ran at the speed of 4 KiB pages until the page cache dropped it.
 struct ChunkWriter<W: Write> {
     inner: W,
     buf: Vec<u8>,
+    /// Bytes handed to `inner` so far.
+    written: u64,
 }
 
 impl<W: Write> ChunkWriter<W> {
@@ -450,6 +453,7 @@ impl<W: Write> ChunkWriter<W> {
         ChunkWriter {
             inner,
             buf: Vec::with_capacity(CHUNK),
+            written: 0,
         }
     }
 
@@ -458,22 +462,33 @@ impl<W: Write> ChunkWriter<W> {
         self.flush()?;
         Ok(self.inner)
     }
+
+    /// Bytes from the end of the buffer to the next multiple of [`CHUNK`].
+    fn room(&self) -> usize {
+        CHUNK - (self.written as usize + self.buf.len()) % CHUNK
+    }
+
+    fn write_buffered(&mut self) -> std::io::Result<()> {
+        self.inner.write_all(&self.buf)?;
+        self.written += self.buf.len() as u64;
+        self.buf.clear();
+        Ok(())
+    }
 }
 
 impl<W: Write> Write for ChunkWriter<W> {
     fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        let take = data.len().min(CHUNK - self.buf.len());
+        let room = self.room();
+        let take = data.len().min(room);
         self.buf.extend_from_slice(&data[..take]);
-        if self.buf.len() == CHUNK {
-            self.inner.write_all(&self.buf)?;
-            self.buf.clear();
+        if take == room {
+            self.write_buffered()?;
         }
         Ok(take)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.write_all(&self.buf)?;
-        self.buf.clear();
+        self.write_buffered()?;
         self.inner.flush()
     }
 }
@@ -651,29 +666,50 @@ mod tests {
 
     #[test]
     fn chunk_writer_writes_whole_aligned_chunks() {
-        // Awkward pieces: small, one spanning several chunks, one ending on a boundary.
-        let sizes = [
-            1usize,
-            4095,
-            3 * CHUNK + 17,
-            5,
-            CHUNK - 4096 - 22 - 17,
-            999,
-            0,
-            7,
-        ];
+        // Awkward pieces: small ones, one spanning several chunks, an early flush after
+        // the fourth, then one ending on a boundary, an empty one, small ones.
+        let head = 1 + 4095 + (3 * CHUNK + 17) + 5;
+        let sizes = [1usize, 4095, 3 * CHUNK + 17, 5, 4 * CHUNK - head, 999, 0, 7];
         let mut w = ChunkWriter::new(Recorder::default());
         let mut want = Vec::new();
         for (i, &n) in sizes.iter().enumerate() {
             let piece: Vec<u8> = (0..n).map(|k| (k * 31 + i * 7) as u8).collect();
             w.write_all(&piece).unwrap();
             want.extend_from_slice(&piece);
+            if i == 3 {
+                w.flush().unwrap();
+            }
         }
         let r = w.into_inner().unwrap();
         assert_eq!(r.bytes, want);
-        let (last, whole) = r.writes.split_last().unwrap();
-        assert!(whole.iter().all(|&n| n == CHUNK), "{:?}", r.writes);
-        assert_eq!(whole.len() * CHUNK + last, want.len());
-        assert!(*last < CHUNK);
+        // Every write ends at a multiple of CHUNK, but the flushed one and the last, and
+        // none crosses one: three whole chunks, the flushed rest, its fill to 4·CHUNK.
+        let mut at = 0;
+        for (k, &n) in r.writes.iter().enumerate() {
+            let end = at + n;
+            assert!(
+                n > 0 && n <= CHUNK - at % CHUNK,
+                "write {k}: {:?}",
+                r.writes
+            );
+            assert!(
+                end % CHUNK == 0 || end == head || end == want.len(),
+                "write {k} ends at {end}: {:?}",
+                r.writes
+            );
+            at = end;
+        }
+        let ends: Vec<usize> = r
+            .writes
+            .iter()
+            .scan(0, |at, &n| {
+                *at += n;
+                Some(*at)
+            })
+            .collect();
+        assert_eq!(
+            ends,
+            [CHUNK, 2 * CHUNK, 3 * CHUNK, head, 4 * CHUNK, want.len()]
+        );
     }
 }
