@@ -545,7 +545,7 @@ impl<'t> Md<'t> {
     }
 
     fn run(&mut self, text: &str) {
-        for ev in Parser::new_ext(text, options()) {
+        for (ev, at) in Parser::new_ext(text, options()).into_offset_iter() {
             match ev {
                 Event::Start(tag) => self.start(tag),
                 Event::End(end) => self.end(end),
@@ -571,7 +571,24 @@ impl<'t> Md<'t> {
                     }
                 }
                 Event::FootnoteReference(t) => self.piece(&format!("[^{t}]"), self.style()),
-                Event::SoftBreak => self.piece(" ", self.style()),
+                // A reply's single newlines are meant (a poem, steps without markers,
+                // code without a fence): kept as breaks, as chat UIs and GitHub comments
+                // do, where CommonMark joins the lines. Outside lists and quotes the next
+                // line's indentation, which the parser strips, is kept too.
+                Event::SoftBreak => {
+                    self.inline.push(Piece::Break);
+                    if self.bars.is_empty() && self.table.is_none() {
+                        let rest = text.get(at.end..).unwrap_or("");
+                        let indent: usize = rest
+                            .chars()
+                            .take_while(|c| *c == ' ' || *c == '\t')
+                            .map(|c| if c == '\t' { 4 } else { 1 })
+                            .sum();
+                        if indent > 0 {
+                            self.piece(&" ".repeat(indent), self.style());
+                        }
+                    }
+                }
                 Event::HardBreak => self.inline.push(Piece::Break),
                 Event::Rule => {
                     self.start_block();
@@ -1359,6 +1376,17 @@ mod tests {
     fn zero_width_renders_nothing() {
         assert!(render("# hi", 0, &Theme::plain(), &MdOptions::default()).is_empty());
         assert!(render_plain("hi", 0, Style::default()).is_empty());
+    }
+
+    #[test]
+    fn single_newlines_stay_line_breaks() {
+        // Code without a fence keeps its lines and their indentation; inside a list the
+        // continuation's indentation is the list's, not added again.
+        let out = plain("def f(x):\n    return x\nend\n\n- a\n  b", 40);
+        assert_eq!(out, "def f(x):\n    return x\nend\n\n• a\n  b");
+        // Long lines still wrap; a tab indents four columns.
+        let out = plain("one two three\n\tfour", 8);
+        assert_eq!(out, "one two\nthree\n    four");
     }
 
     #[test]
