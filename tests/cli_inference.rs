@@ -405,6 +405,12 @@ fn bench_bandwidth_measures_without_a_model() {
     }
     assert_eq!(j["threads"], 2);
     assert_eq!(j["buffer_bytes"].as_u64(), Some(64 << 20));
+    // How much of the buffer is in 2 MiB pages: Linux says (0 where THP is off).
+    #[cfg(target_os = "linux")]
+    assert!(
+        j["buffer_huge_page_bytes"].as_u64().is_some(),
+        "buffer_huge_page_bytes: {j}"
+    );
     let o = run!("bench", "--json");
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert!(stderr(&o).contains("--bandwidth"), "{}", stderr(&o));

@@ -35,6 +35,7 @@ use cortiq_engine::runtime::sampler::{argmax, SamplingParams};
 use cortiq_engine::runtime::session::{label_of, GenerateParams, Session, Step, SwitchPolicy};
 use serde_json::json;
 
+use super::bandwidth::proc_bytes;
 use super::common::{emit, print_json, CliError, CmdResult, Status};
 use super::engine::{model_error, ChoiceArgs, ModelArgs};
 
@@ -103,14 +104,6 @@ fn status_bytes(field: &str) -> Option<u64> {
     proc_bytes("/proc/self/status", field)
 }
 
-/// A size field (given in kB) of a `/proc` file, in bytes.
-fn proc_bytes(path: &str, field: &str) -> Option<u64> {
-    let s = std::fs::read_to_string(path).ok()?;
-    let line = s.lines().find(|l| l.starts_with(field))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -160,21 +153,26 @@ fn bandwidth(a: &Args) -> CmdResult {
     let l3 = read_bandwidth(l3_bytes, threads, 32, 15);
     if a.json {
         print_json(&json!({
-            "read_bandwidth_bytes_s": dram,
-            "l3_bandwidth_bytes_s": l3,
+            "read_bandwidth_bytes_s": dram.bytes_s,
+            "l3_bandwidth_bytes_s": l3.bytes_s,
             "threads": threads,
             "buffer_bytes": dram_bytes,
+            "buffer_huge_page_bytes": dram.huge_page_bytes,
             "l3_buffer_bytes": l3_bytes,
             "loads": simd(),
         }))?;
     } else {
+        let huge = match dram.huge_page_bytes {
+            Some(b) => format!(", {} MiB in 2 MiB pages", b >> 20),
+            None => String::new(),
+        };
         emit(&format!(
-            "read bandwidth, {threads} threads ({} loads): DRAM {:.1} GB/s ({} MiB buffer), \
+            "read bandwidth, {threads} threads ({} loads): DRAM {:.1} GB/s ({} MiB buffer{huge}), \
              L3 {:.1} GB/s ({} MiB)\n",
             simd(),
-            dram / 1e9,
+            dram.bytes_s / 1e9,
             a.bandwidth_mib,
-            l3 / 1e9,
+            l3.bytes_s / 1e9,
             l3_bytes >> 20,
         ))?;
     }
