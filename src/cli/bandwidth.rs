@@ -37,41 +37,29 @@ pub struct Reading {
     pub huge_page_bytes: Option<u64>,
 }
 
-/// `n` lines of anonymous memory that ask for 2 MiB pages, each line's words set to
-/// `i | 1` for line `i`; a heap vector where the mapping fails.
-enum Buffer {
-    Map(memmap2::MmapMut, usize),
-    Heap(Vec<Line>),
-}
+/// `n` lines of anonymous memory that ask for 2 MiB pages, line `i`'s words set to
+/// `i | 1`.
+struct Buffer(memmap2::MmapMut, usize);
 
 impl Buffer {
-    fn new(n: usize) -> Buffer {
-        let fill = |i: usize| Line([i as u64 | 1; 8]);
-        let Some(mut map) = n
-            .checked_mul(64)
-            .and_then(|len| memmap2::MmapMut::map_anon(len).ok())
-        else {
-            return Buffer::Heap((0..n).map(fill).collect());
-        };
+    fn new(n: usize) -> std::io::Result<Buffer> {
+        let len = n.checked_mul(64).ok_or(std::io::ErrorKind::OutOfMemory)?;
+        let map = memmap2::MmapMut::map_anon(len)?;
         #[cfg(target_os = "linux")]
         let _ = map.advise(memmap2::Advice::HugePage);
-        // SAFETY: the mapping is `64·n` bytes, writable, and page-aligned (so aligned for
-        // `Line`); any bytes are a valid `Line`.
-        let lines = unsafe { std::slice::from_raw_parts_mut(map.as_mut_ptr() as *mut Line, n) };
+        let mut b = Buffer(map, n);
+        // SAFETY: the mapping is `64·n` bytes, writable and page-aligned (so aligned for
+        // `Line`), and any bytes are a valid `Line`.
+        let lines = unsafe { std::slice::from_raw_parts_mut(b.0.as_mut_ptr() as *mut Line, n) };
         for (i, l) in lines.iter_mut().enumerate() {
-            *l = fill(i);
+            *l = Line([i as u64 | 1; 8]);
         }
-        Buffer::Map(map, n)
+        Ok(b)
     }
 
     fn lines(&self) -> &[Line] {
-        match self {
-            // SAFETY: as in `new`; the mapping lives as long as `self`.
-            Buffer::Map(map, n) => unsafe {
-                std::slice::from_raw_parts(map.as_ptr() as *const Line, *n)
-            },
-            Buffer::Heap(v) => v,
-        }
+        // SAFETY: as in `new`; the mapping lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr() as *const Line, self.1) }
     }
 }
 
@@ -85,10 +73,15 @@ pub(super) fn proc_bytes(path: &str, field: &str) -> Option<u64> {
 
 /// Read bandwidth: `threads` threads each reading their slice of a buffer of `bytes`
 /// bytes `reps` times per pass, the median of `passes` passes.
-pub fn read_bandwidth(bytes: usize, threads: usize, reps: usize, passes: usize) -> Reading {
+pub fn read_bandwidth(
+    bytes: usize,
+    threads: usize,
+    reps: usize,
+    passes: usize,
+) -> std::io::Result<Reading> {
     let threads = threads.max(1);
     let per_thread = (bytes / 64 / threads).max(1);
-    let buffer = Buffer::new(per_thread * threads);
+    let buffer = Buffer::new(per_thread * threads)?;
     let buf = buffer.lines();
     let huge_page_bytes = proc_bytes("/proc/self/smaps_rollup", "AnonHugePages:");
     let start = Barrier::new(threads + 1);
@@ -118,10 +111,10 @@ pub fn read_bandwidth(bytes: usize, threads: usize, reps: usize, passes: usize) 
     });
     times.sort_by(f64::total_cmp);
     let read = (per_thread * threads * 64 * reps) as f64;
-    Reading {
+    Ok(Reading {
         bytes_s: read / times[times.len() / 2],
         huge_page_bytes,
-    }
+    })
 }
 
 /// The load width the read loop uses on this CPU.

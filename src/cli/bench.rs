@@ -149,8 +149,9 @@ fn bandwidth(a: &Args) -> CmdResult {
     }
     let dram_bytes = a.bandwidth_mib << 20;
     let l3_bytes = 8usize << 20;
-    let dram = read_bandwidth(dram_bytes, threads, 1, 7);
-    let l3 = read_bandwidth(l3_bytes, threads, 32, 15);
+    let buffer_error = |e| CliError::io(format!("allocating the probe's buffer: {e}"));
+    let dram = read_bandwidth(dram_bytes, threads, 1, 7).map_err(buffer_error)?;
+    let l3 = read_bandwidth(l3_bytes, threads, 32, 15).map_err(buffer_error)?;
     if a.json {
         print_json(&json!({
             "read_bandwidth_bytes_s": dram.bytes_s,

@@ -578,14 +578,12 @@ impl<'t> Md<'t> {
                 Event::SoftBreak => {
                     self.inline.push(Piece::Break);
                     if self.bars.is_empty() && self.table.is_none() {
+                        // `piece` shows a tab as four spaces, as everywhere.
                         let rest = text.get(at.end..).unwrap_or("");
-                        let indent: usize = rest
-                            .chars()
-                            .take_while(|c| *c == ' ' || *c == '\t')
-                            .map(|c| if c == '\t' { 4 } else { 1 })
-                            .sum();
-                        if indent > 0 {
-                            self.piece(&" ".repeat(indent), self.style());
+                        let indent =
+                            &rest[..rest.len() - rest.trim_start_matches([' ', '\t']).len()];
+                        if !indent.is_empty() {
+                            self.piece(indent, self.style());
                         }
                     }
                 }

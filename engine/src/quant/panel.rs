@@ -1545,7 +1545,7 @@ unsafe fn panel_tokens_avx2<const VNNI: bool>(
         return;
     }
     let mut j = toks.start;
-    let step = Q8_TILE_TOKENS_AVX2;
+    let step = TILE_TOKENS_AVX2;
     while j < toks.end {
         let left = (toks.end - j).min(step);
         for half in 0..2 {
@@ -2019,7 +2019,7 @@ unsafe fn step_i16<const T: usize, const VNNI: bool>(
 /// the 16 registers. Eight independent sums keep two multiply-adds a cycle in flight
 /// (latency 5): `vbit`'s tile on 2 tokens, four sums, ran its 64-token prefill 0.90–0.95×
 /// as fast (Qwen2.5-Coder-0.5B, SmolLM2-135M, at `avx2` and `avxvnni`).
-const Q8_TILE_TOKENS_AVX2: usize = 4;
+const TILE_TOKENS_AVX2: usize = 4;
 
 /// Words (column pairs) a `q8` tile sums in int32 before it adds the sums to f64: 256
 /// columns of `|c| ≤ 128` against `|k| < 2¹⁵` stay below 2³¹.
