@@ -98,7 +98,7 @@ enum RowIndex {
     /// quantization). `cols` floats beside `rows·cols` weight bytes.
     ColField(Vec<f32>),
     /// `q4tp`: each row's ladder start and factor ([`q4::q4tp_ladder_base`]).
-    Q4tp(Vec<[f32; 2]>),
+    Q4tp(q4::Q4tpBases),
 }
 
 impl Matrix {
@@ -122,11 +122,7 @@ impl Matrix {
             },
             DType::Q1s => RowIndex::Q1s(Q1sRowIndex::new(g, bytes).map_err(bad)?),
             DType::Q1t => RowIndex::Q1t(Q1tOverlay::new(g, bytes).map_err(bad)?),
-            DType::Q4tp => RowIndex::Q4tp(
-                (0..g.rows)
-                    .map(|r| q4::q4tp_ladder_base(g, bytes, r))
-                    .collect(),
-            ),
+            DType::Q4tp => RowIndex::Q4tp(q4::Q4tpBases::new(g, bytes)),
             DType::Q8_2f => {
                 let l = Q8Layout::new(g);
                 let field = &bytes[l.col_field..l.col_field + 2 * g.cols];
@@ -467,7 +463,10 @@ pub(super) fn q4tp_rows<'a, const R: usize>(
     rs: [usize; R],
 ) -> Q4tpRows<'a, R> {
     match &m.index {
-        RowIndex::Q4tp(bases) => Q4tpRows::with_bases(m.geom, bytes, rs, rs.map(|r| bases[r])),
+        RowIndex::Q4tp(bases) => {
+            let [lo, mult] = bases.pick(rs);
+            Q4tpRows::with_bases(m.geom, bytes, rs, lo, mult)
+        }
         _ => Q4tpRows::new_at(m.geom, bytes, rs),
     }
 }

@@ -426,6 +426,20 @@ mod tests {
         let rs16: [usize; 16] = std::array::from_fn(|i| i + 3);
         check(&Q4tpRows::<16>::new_at(g, &b, rs16), rs16, &want);
         check(&Q4tpRows::<1>::new_at(g, &b, [7]), [7], &want);
+        // From a matrix's bases: consecutive rows (read as slices, up to the last row)
+        // and scattered ones (one at a time).
+        let bases = Q4tpBases::new(g, &b);
+        let from_bases = |rs: [usize; 8]| {
+            let [lo, mult] = bases.pick(rs);
+            Q4tpRows::<8>::with_bases(g, &b, rs, lo, mult)
+        };
+        for rs in [
+            rs8,
+            std::array::from_fn(|i| i + 11),
+            std::array::from_fn(|i| i),
+        ] {
+            check(&from_bases(rs), rs, &want);
+        }
     }
 
     #[test]
@@ -571,6 +585,48 @@ pub(crate) fn q4tp_ladder_base(g: Geom, bytes: &[u8], r: usize) -> [f32; 2] {
     [param(0).exp2(), param(1).exp2()]
 }
 
+/// Every row's [`q4tp_ladder_base`] of a `q4tp` matrix, computed at load (two `exp2` per
+/// row and product were half of a decode's time), as two columns, so that a block of
+/// consecutive rows reads each with one load. Picked from `[lo, mult]` pairs on the
+/// stack, the values came out by loads that straddled two 8-byte stores, which the CPU
+/// does not forward (paired, SmolLM2 decode: 1.008–1.04).
+#[derive(Clone, Debug)]
+pub(crate) struct Q4tpBases {
+    lo: Vec<f32>,
+    mult: Vec<f32>,
+}
+
+impl Q4tpBases {
+    pub fn new(g: Geom, bytes: &[u8]) -> Self {
+        let (lo, mult) = (0..g.rows)
+            .map(|r| {
+                let [lo, mult] = q4tp_ladder_base(g, bytes, r);
+                (lo, mult)
+            })
+            .unzip();
+        Q4tpBases { lo, mult }
+    }
+
+    /// `[lo, mult]` of rows `rs` (ascending, as every row selection is): slices of the
+    /// columns when the rows are consecutive, else one row at a time.
+    #[inline(always)]
+    pub fn pick<const R: usize>(&self, rs: [usize; R]) -> [[f32; R]; 2] {
+        let first = rs[0];
+        if rs[R - 1].wrapping_sub(first) == R - 1 {
+            if let (Some(lo), Some(mult)) = (
+                self.lo.get(first..first + R),
+                self.mult.get(first..first + R),
+            ) {
+                return [
+                    lo.try_into().expect("R values"),
+                    mult.try_into().expect("R values"),
+                ];
+            }
+        }
+        [rs.map(|r| self.lo[r]), rs.map(|r| self.mult[r])]
+    }
+}
+
 /// `R` consecutive rows of a `q4tp` payload, with their ladders evaluated once.
 pub(crate) struct Q4tpRows<'a, const R: usize> {
     nib: [&'a [u8]; R],
@@ -585,16 +641,21 @@ impl<'a, const R: usize> Q4tpRows<'a, R> {
     /// The `R` ladders are built side by side (`R` independent multiplication chains
     /// instead of one chain of `31·R`), each with exactly the operations of [`ladder`].
     pub fn new_at(g: Geom, bytes: &'a [u8], rs: [usize; R]) -> Self {
-        let bases = std::array::from_fn(|i| q4tp_ladder_base(g, bytes, rs[i]));
-        Self::with_bases(g, bytes, rs, bases)
+        let bases = rs.map(|r| q4tp_ladder_base(g, bytes, r));
+        Self::with_bases(g, bytes, rs, bases.map(|b| b[0]), bases.map(|b| b[1]))
     }
 
-    /// [`Q4tpRows::new_at`] with each row's [`q4tp_ladder_base`] already at hand (a
-    /// matrix keeps them: two `exp2` per row and product were half of a decode's time).
+    /// [`Q4tpRows::new_at`] with each row's [`q4tp_ladder_base`] already at hand
+    /// ([`Q4tpBases`]): ladder starts `lo`, factors `mult`.
     #[inline]
-    pub fn with_bases(g: Geom, bytes: &'a [u8], rs: [usize; R], bases: [[f32; 2]; R]) -> Self {
+    pub fn with_bases(
+        g: Geom,
+        bytes: &'a [u8],
+        rs: [usize; R],
+        lo: [f32; R],
+        mult: [f32; R],
+    ) -> Self {
         let l = Q4tpLayout::new(g);
-        let mult: [f32; R] = std::array::from_fn(|i| bases[i][1]);
         let mut rows = Q4tpRows {
             nib: std::array::from_fn(|i| {
                 let at = rs[i] * l.gpr * NIBBLE_BYTES;
@@ -610,9 +671,7 @@ impl<'a, const R: usize> Q4tpRows<'a, R> {
         // Rung-major, so that a rung of all `R` rows is one vector multiply; in place (a
         // ladder built aside was copied into the rows, 1 KiB per block of 8).
         let ladder = &mut rows.ladder;
-        for (t, b) in ladder[0].iter_mut().zip(&bases) {
-            *t = b[0];
-        }
+        ladder[0] = lo;
         for c in 1..LADDER {
             let (done, rest) = ladder.split_at_mut(c);
             for ((t, p), m) in rest[0].iter_mut().zip(&done[c - 1]).zip(&mult) {
