@@ -51,7 +51,8 @@
 # whose CPU reports AMX) it is rerun with `--repack 0` or LLAMA_BENCH_NOAMX, for its prefill
 # only when its decode runs as built, and the output says so. The measured read
 # bandwidth (`cortiq bench --bandwidth`) is the roofline: effective bandwidth =
-# weight_bytes_per_token × decode tok/s. Perplexity: `cortiq ppl` on the passage the
+# weight_bytes_per_token × decode tok/s, and its "% DRAM" takes each default decode run
+# against a probe run just before it (the median over rounds). Perplexity: `cortiq ppl` on the passage the
 # fixtures carry (../shared/fixtures/*/reference.safetensors, metadata "text").
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -291,12 +292,16 @@ log(f"SIMD levels: {' '.join(have)}; the default dispatch: {DEFAULT_KERNEL}")
 bandwidths = []
 
 
-def measure_bandwidth(rnd):
+def measure_bandwidth(rnd, keep=True, **at):
+    """The probe's JSON (kept in `bandwidths` when `keep`), or None."""
     rc, out, err, _ = run([OURS, "bench", "--bandwidth", "--threads", str(THREADS), "--json"])
     if rc == 0:
         j = first_json(out)
-        bandwidths.append(j)
-        record(kind="bandwidth", round=rnd, json=j)
+        if keep:
+            bandwidths.append(j)
+        record(kind="bandwidth", round=rnd, json=j, **at)
+        return j
+    return None
 
 
 measure_bandwidth(0)
@@ -307,6 +312,10 @@ class Config:
         self.kind, self.model, self.fmt, self.label = kind, model, fmt, label
         self.cmd, self.env, self.peer = cmd, env or {}, peer
         self.slow, self.runs, self.failed = False, [], None
+        # The DRAM bandwidth probed just before each of `runs` (default decode runs only):
+        # the machine's bandwidth drifts by a fifth within minutes, so each run's share of
+        # it is taken against the probe next to it, not against the run's median.
+        self.adjacent_bw = []
         # A second command whose JSON list joins the first's (llama.cpp's prefill, where it
         # needs another build or flags than its decode).
         self.cmd_prefill = None
@@ -423,6 +432,9 @@ for rnd in range(REPS):
     for c in todo:
         load = os.getloadavg()[0]
         loads.append(load)
+        bw = None
+        if c.kind == "ours" and c.label == "default":
+            bw = measure_bandwidth(rnd, keep=False, model=c.model, format=c.fmt, adjacent=True)
         rc, out, err, s = run(c.cmd, c.env)
         if rc == 0 and c.cmd_prefill:
             rc, out2, err, s2 = run(c.cmd_prefill, c.env)
@@ -437,6 +449,8 @@ for rnd in range(REPS):
                 raise RuntimeError(why(rc, err))
             v, j = parse(c, out)
             c.runs.append(v)
+            if c.kind == "ours" and c.label == "default":
+                c.adjacent_bw.append(bw["read_bandwidth_bytes_s"] if bw else None)
             record(ok=True, json=j, **entry)
         except Exception as x:  # a refusal or a crash: the cell says so
             c.failed = str(x)
@@ -458,6 +472,16 @@ for model in MODELS:
 
 # ---------------------------------------------------------------- tables
 by = {c.key(): c for c in configs}
+
+
+def adjacent_share(model, fmt):
+    """Median over rounds of a default decode run's effective bandwidth against the DRAM
+    probe run just before it (None without a probe)."""
+    c = by.get(("ours", model, fmt, "default"))
+    if c is None:
+        return None
+    shares = [r["wbpt"] * r["decode"] / bw for r, bw in zip(c.runs, c.adjacent_bw) if bw]
+    return statistics.median(shares) if shares else None
 
 
 def med(kind, model, what, label, field):
@@ -487,7 +511,8 @@ print(f"threads {THREADS}; decode: up to {TOKENS} tokens after a {PROMPT}-token 
 if dram:
     print(f"read bandwidth (`cortiq bench --bandwidth --threads {THREADS}`, median of "
           f"{len(bandwidths)}): DRAM {dram / 1e9:.1f} GB/s, L3 {l3 / 1e9:.1f} GB/s; "
-          f"eff. GB/s = weight bytes per token × decode tok/s (% of DRAM)")
+          f"eff. GB/s = weight bytes per token × decode tok/s (% of DRAM: each run against the "
+          f"DRAM probe run just before it, median over rounds)")
 if loads:
     print(f"load average (1 min) before each run: median {statistics.median(loads):.1f}, max "
           f"{max(loads):.1f} on {os.cpu_count()} CPUs" + (
@@ -543,8 +568,9 @@ for model in MODELS:
         slash = lambda xs: " / ".join(xs)
         ratio = lambda a, bs: slash(["—" if a is None or b is None else f"{a / b:.2f}" for b in bs])
         peer_names = slash([t + ("" if ggufs.get((model, t)) else " (none)") for t in peers])
+        share = adjacent_share(model, fmt)
         eff = "—" if d is None or wbpt is None else (
-            f"{wbpt * d / 1e9:.1f}" + (f" ({100 * wbpt * d / dram:.0f}%)" if dram else ""))
+            f"{wbpt * d / 1e9:.1f}" + (f" ({100 * share:.0f}%)" if share is not None else ""))
         base, _, _ = med("ours", model, fmt, "default", "rss_base")
         if rss is None:
             rss_cell = "—"
