@@ -421,6 +421,7 @@ def parse(c, out):
     v = {"decode": j["decode_tok_s"], "prefill": j["prefill_tok_s"], "ttft": j["ttft_s"],
          "rss": j["peak_rss_bytes"], "rss_base": j.get("baseline_rss_bytes"), "allocs": j["allocs_per_token"],
          "wbpt": j["weight_bytes_per_token"], "bound": j["model_bytes"] + j["kv_bytes"],
+         "weights_rss": j.get("weights_resident_bytes"), "anon_rss": j.get("rss_anon_bytes"),
          "precision": j["precision"], "kernel": j["kernel"], "tokens": j["decode_tokens"]}
     return v, j
 
@@ -534,7 +535,7 @@ for (model, t), n in sorted(gguf_notes.items()):
 print()
 print("| model | format | peer | tok | decode default | exact | balanced | fast | ref | llama.cpp | ÷llama | ÷ref "
       "| eff. GB/s (% DRAM) | prefill 64 | llama | ÷ | prefill 512 | llama | ÷ | TTFT ms 64/512 "
-      "| peak RSS − before model = model's MiB (file+KV) | allocs/tok | ppl |")
+      "| peak RSS − before model = model's MiB (file+KV); of the peak, weights mapped in + heap | allocs/tok | ppl |")
 print("|" + "---|" * 23)
 for model in MODELS:
     for fmt in FORMATS:
@@ -572,6 +573,8 @@ for model in MODELS:
         eff = "—" if d is None or wbpt is None else (
             f"{wbpt * d / 1e9:.1f}" + (f" ({100 * share:.0f}%)" if share is not None else ""))
         base, _, _ = med("ours", model, fmt, "default", "rss_base")
+        wrss, _, _ = med("ours", model, fmt, "default", "weights_rss")
+        arss, _, _ = med("ours", model, fmt, "default", "anon_rss")
         if rss is None:
             rss_cell = "—"
         else:
@@ -580,6 +583,10 @@ for model in MODELS:
             own = rss - (base or 0)
             rss_cell = f"{rss / 2**20:.0f} − {(base or 0) / 2**20:.0f} = {own / 2**20:.0f} ({bound / 2**20:.0f})" + (
                 " over" if own > bound else "")
+            if wrss is not None and arss is not None:
+                # What the peak holds: the weights mapped in (at most the file) and the
+                # heap (KV, buffers, tokenizer); the rest is code and libraries.
+                rss_cell += f"; weights {wrss / 2**20:.0f} + heap {arss / 2**20:.0f}"
         print(f"| {model} | {fmt} | {peer_names} | {tokens_of[(model, fmt)]} | "
               f"{cell(d, one=d1)} {prec} | {cols['exact']} | {cols['balanced']} | {cols['fast']} | {cell(rd, one=r1)} | "
               f"{slash([cell(x) for x in ld])} | {ratio(d, ld)} | {ratio(d, [rd])} | {eff} | "

@@ -265,6 +265,15 @@ fn bench_reports_the_design_keys() {
     if cfg!(target_os = "linux") {
         assert!(huge.as_u64() <= j["peak_rss_bytes"].as_u64(), "{j}");
         assert!(huge.is_u64(), "{j}");
+        // The peak's parts: the weights the run touched (some, never more than the file)
+        // and the heap (KV and buffers at least), each within the peak.
+        let w = j["weights_resident_bytes"]
+            .as_u64()
+            .expect("weights resident");
+        assert!(w > 0 && w <= j["model_bytes"].as_u64().unwrap(), "{j}");
+        let anon = j["rss_anon_bytes"].as_u64().expect("anonymous RSS");
+        assert!(anon >= j["kv_bytes"].as_u64().unwrap(), "{j}");
+        assert!(w + anon <= j["peak_rss_bytes"].as_u64().unwrap(), "{j}");
     }
 }
 

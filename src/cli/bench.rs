@@ -99,6 +99,31 @@ fn file_huge_page_bytes() -> Option<u64> {
     proc_bytes("/proc/self/smaps_rollup", "FilePmdMapped:")
 }
 
+/// Resident bytes of this process's mappings that hold any of `ranges` (the model's
+/// tensors, `[start, end)` addresses): the `Rss` of each such mapping of
+/// `/proc/self/smaps`. With [`status_bytes`]`("RssAnon:")` it splits the peak into the
+/// weights the run touched (file pages, at most the file) and the heap (KV, buffers,
+/// tokenizer); the rest of a peak is the program's own code and libraries, which a
+/// decode pages in as it first runs each kernel.
+fn resident_bytes_of(ranges: &[(usize, usize)]) -> Option<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let (mut total, mut inside) = (0u64, false);
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                inside = ranges.iter().any(|&(s, e)| s < b && a < e);
+                continue;
+            }
+        }
+        if inside && first == "Rss:" {
+            total += words.next()?.parse::<u64>().ok()? * 1024;
+        }
+    }
+    Some(total)
+}
+
 /// A size field of `/proc/self/status` (given in kB), in bytes.
 fn status_bytes(field: &str) -> Option<u64> {
     proc_bytes("/proc/self/status", field)
@@ -395,6 +420,14 @@ pub fn run(a: &Args) -> CmdResult {
     let (pf, dc, tt) = (median(prefill), median(decode), median(ttft));
     let rss = peak_rss_bytes();
     let huge = file_huge_page_bytes();
+    let tensor_ranges: Vec<(usize, usize)> = model
+        .file
+        .tensors()
+        .filter_map(|(_, e)| model.file.tensor_bytes(&e.name))
+        .map(|b| (b.as_ptr() as usize, b.as_ptr() as usize + b.len()))
+        .collect();
+    let weights_resident = resident_bytes_of(&tensor_ranges);
+    let anon = status_bytes("RssAnon:");
     let kernel = Kernel::detect().name();
     let precision = model.precision().name();
     let weight_bytes = model.weight_bytes_per_token();
@@ -408,6 +441,8 @@ pub fn run(a: &Args) -> CmdResult {
             "peak_rss_bytes": rss,
             "baseline_rss_bytes": baseline_rss,
             "file_huge_page_bytes": huge,
+            "weights_resident_bytes": weights_resident,
+            "rss_anon_bytes": anon,
             "load_s": load_s,
             "threads": threads,
             "prompt_tokens": a.prompt_tokens,
@@ -432,7 +467,8 @@ pub fn run(a: &Args) -> CmdResult {
         emit(&format!(
             "{}\n  threads {threads}, prompt {} tokens, decode {} tokens, median of {}\n  \
              prefill {pf:.1} tok/s   decode {dc:.1} tok/s   ttft {:.1} ms\n  \
-             load {:.1} ms   peak RSS {} ({} before the model opened){}\n",
+             load {:.1} ms   peak RSS {} ({} before the model opened; at the end {} of \
+             weights mapped in, {} anonymous){}\n",
             a.model.file.display(),
             a.prompt_tokens,
             a.tokens,
@@ -441,6 +477,8 @@ pub fn run(a: &Args) -> CmdResult {
             load_s * 1e3,
             rss.map_or("?".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
             baseline_rss.map_or("?".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
+            weights_resident.map_or("?".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
+            anon.map_or("?".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
             huge.map_or(String::new(), |b| format!(
                 "; {:.1} MiB of the file in 2 MiB pages",
                 b as f64 / 1048576.0
