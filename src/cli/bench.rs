@@ -100,7 +100,7 @@ fn file_huge_page_bytes() -> Option<u64> {
 }
 
 /// Resident bytes of this process's mappings that hold any of `ranges` (the model's
-/// tensors, `[start, end)` addresses): the `Rss` of each such mapping of
+/// files, each one mapping, `[start, end)` addresses): the `Rss` of each such mapping of
 /// `/proc/self/smaps`. With [`status_bytes`]`("RssAnon:")` it splits the peak into the
 /// weights the run touched (file pages, at most the file) and the heap (KV, buffers,
 /// tokenizer); the rest of a peak is the program's own code and libraries, which a
@@ -420,13 +420,18 @@ pub fn run(a: &Args) -> CmdResult {
     let (pf, dc, tt) = (median(prefill), median(decode), median(ttft));
     let rss = peak_rss_bytes();
     let huge = file_huge_page_bytes();
-    let tensor_ranges: Vec<(usize, usize)> = model
+    let file_ranges: Vec<(usize, usize)> = model
         .file
-        .tensors()
-        .filter_map(|(_, e)| model.file.tensor_bytes(&e.name))
-        .map(|b| (b.as_ptr() as usize, b.as_ptr() as usize + b.len()))
+        .shards
+        .iter()
+        .map(|f| {
+            (
+                f.bytes().as_ptr() as usize,
+                f.bytes().as_ptr() as usize + f.bytes().len(),
+            )
+        })
         .collect();
-    let weights_resident = resident_bytes_of(&tensor_ranges);
+    let weights_resident = resident_bytes_of(&file_ranges);
     let anon = status_bytes("RssAnon:");
     let kernel = Kernel::detect().name();
     let precision = model.precision().name();
