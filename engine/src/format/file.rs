@@ -54,6 +54,32 @@ impl std::fmt::Debug for CmfFile {
     }
 }
 
+/// Lets the kernel drop the mapped pages of `map[start..end]` once their contents were
+/// copied out, so a process's resident memory does not hold bytes it no longer reads (an
+/// importer's tensors once converted, a matrix the engine repacked at load). Only whole
+/// pages inside the range are released; the pages are clean and file-backed, so a later
+/// read faults them back in.
+pub(crate) fn release_pages(map: &memmap2::Mmap, start: u64, end: u64) {
+    #[cfg(unix)]
+    {
+        const PAGE: u64 = 4096;
+        let (a, b) = (start.next_multiple_of(PAGE), end / PAGE * PAGE);
+        if b > a && b <= map.len() as u64 {
+            // SAFETY: MADV_DONTNEED on a private read-only file mapping only discards
+            // page-table entries; the data stays in the file and reads see the same bytes.
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    a as usize,
+                    (b - a) as usize,
+                )
+            };
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (map, start, end);
+}
+
 /// Asks Linux to back the mapping with 2 MiB pages (`MADV_HUGEPAGE`), a hint that changes
 /// no byte. Decode reads every weight once per token, so with 4 KiB pages each token walks
 /// the page tables once per 4 KiB of weights, and in a VM (nested paging) a walk is dear.
@@ -190,6 +216,15 @@ impl CmfFile {
     /// The whole file.
     pub fn bytes(&self) -> &[u8] {
         &self.bytes
+    }
+
+    /// Lets the OS drop the mapped pages of `bytes()[range]` (whole pages inside it): for
+    /// bytes nothing will read again, such as a matrix the engine repacked at load. A later
+    /// read faults them back in from the file; a file read into memory keeps its bytes.
+    pub fn release_pages(&self, range: std::ops::Range<usize>) {
+        if let Backing::Mmap(map) = &self.bytes {
+            release_pages(map, range.start as u64, range.end as u64);
+        }
     }
 
     pub fn len(&self) -> u64 {

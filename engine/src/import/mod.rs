@@ -29,27 +29,4 @@ pub(crate) fn batch_end(
     end
 }
 
-/// Lets the kernel drop the mapped pages of `map[start..end]` once their contents were
-/// copied out, so an importer's resident memory stays near the tensors in flight rather
-/// than growing with the model. Only whole pages inside the range are released; the pages
-/// are clean and file-backed, so a later read faults them back in.
-pub(crate) fn release_pages(map: &memmap2::Mmap, start: u64, end: u64) {
-    #[cfg(unix)]
-    {
-        const PAGE: u64 = 4096;
-        let (a, b) = (start.next_multiple_of(PAGE), end / PAGE * PAGE);
-        if b > a && b <= map.len() as u64 {
-            // SAFETY: MADV_DONTNEED on a private read-only file mapping only discards
-            // page-table entries; the data stays in the file and reads see the same bytes.
-            let _ = unsafe {
-                map.unchecked_advise_range(
-                    memmap2::UncheckedAdvice::DontNeed,
-                    a as usize,
-                    (b - a) as usize,
-                )
-            };
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = (map, start, end);
-}
+pub(crate) use crate::format::file::release_pages;

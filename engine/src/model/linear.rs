@@ -119,18 +119,35 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// The matrix `name`, checked to be `[out, in]`.
+    /// The matrix `name`, checked to be `[out, in]`: one the model multiplies
+    /// ([`Matrix::new`]).
     pub fn load(
         file: &Arc<CmfModel>,
         name: &str,
         out_dim: usize,
         in_dim: usize,
     ) -> Result<Linear, ModelError> {
+        Linear::load_as(file, name, (out_dim, in_dim), true)
+    }
+
+    /// [`Linear::load`], of a matrix the model may never multiply (`hot` false:
+    /// [`Matrix::new_cold`]).
+    fn load_as(
+        file: &Arc<CmfModel>,
+        name: &str,
+        (out_dim, in_dim): (usize, usize),
+        hot: bool,
+    ) -> Result<Linear, ModelError> {
         let (shard, e) = file
             .get(name)
             .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
         let bytes = file.shards[shard].tensor_bytes(e);
-        let m = Matrix::new(e.dtype, &e.shape, bytes).map_err(|err| ModelError::Tensor {
+        let m = if hot {
+            Matrix::new(e.dtype, &e.shape, bytes)
+        } else {
+            Matrix::new_cold(e.dtype, &e.shape, bytes)
+        };
+        let m = m.map_err(|err| ModelError::Tensor {
             name: name.into(),
             reason: err.to_string(),
         })?;
@@ -141,6 +158,11 @@ impl Linear {
             });
         }
         let start = bytes.as_ptr() as usize - file.shards[shard].bytes().as_ptr() as usize;
+        if m.payload_unread() {
+            // Now, so that a load's peak does not hold the model twice, and again once the
+            // model is loaded ([`Linear::release_unread`]).
+            file.shards[shard].release_pages(start..start + bytes.len());
+        }
         Ok(Linear {
             name: name.into(),
             m,
@@ -154,6 +176,20 @@ impl Linear {
         })
     }
 
+    /// Lets the OS drop the mapped pages of this matrix's payload (and its skills'
+    /// replacements') where the matrix holds it in another form ([`Matrix::payload_unread`]):
+    /// the process need not hold both. Called once the whole model is loaded (as well as
+    /// at each matrix's load): a 2 MiB page of the mapping shared with a tensor read later
+    /// is mapped back whole.
+    pub fn release_unread(&self) {
+        if self.m.payload_unread() {
+            self.file.shards[self.shard].release_pages(self.range.clone());
+        }
+        for a in self.alts.iter().filter(|a| a.m.payload_unread()) {
+            self.file.shards[a.shard].release_pages(a.range.clone());
+        }
+    }
+
     /// Adds skill `skill`'s replacement `name` (`skill.{id}.{this name}`), which must have
     /// this matrix's shape (§9: replacements are full-shape).
     pub fn add_alt(
@@ -162,7 +198,8 @@ impl Linear {
         name: &str,
         bias: Option<Vec<f32>>,
     ) -> Result<(), ModelError> {
-        let r = Linear::load(&self.file, name, self.out_dim(), self.in_dim())?;
+        // Cold: a skill's weights cost memory only while it is selected.
+        let r = Linear::load_as(&self.file, name, (self.out_dim(), self.in_dim()), false)?;
         self.alts.push(SkillWeight {
             skill,
             m: r.m,

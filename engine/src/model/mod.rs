@@ -319,6 +319,9 @@ impl Model {
             lazy: None,
         };
         model.skills = model.attach_skills();
+        for l in model.linears() {
+            l.release_unread();
+        }
         Ok(model)
     }
 

@@ -55,12 +55,14 @@ use super::kernel::{
 use super::panel;
 use super::q1::{self, Q1sRowIndex};
 use super::q1t_kernel::{self, Q1tActs, Q1tOverlay, Q1tProduct};
+use super::q1t_planes::Q1tPlanes;
 use super::q4::{self, Q4Rows, Q4tpRows, GROUP};
 use super::q8::{Q8Layout, Q8Rows};
 use super::vbit::VbitLayout;
 use super::vbit_kernel::{VbitRows, VbitRowsVbmi};
 use super::{decode_row, geometry, validate, vbit, Geom, QuantError};
 use crate::format::dtype::DType;
+use std::sync::Arc;
 
 pub use super::kernel::Kernel;
 
@@ -91,8 +93,10 @@ enum RowIndex {
     },
     /// `q1s`: overlay entries by row.
     Q1s(Q1sRowIndex),
-    /// `q1t`: where the overlay lies, its shadowed entries.
-    Q1t(Q1tOverlay),
+    /// `q1t`: where the overlay lies, its shadowed entries; at the level of the
+    /// digit-major kernel, the rows repacked ([`Q1tPlanes`], shared by clones: a tied
+    /// head is the embedding's matrix cloned).
+    Q1t(Q1tOverlay, Option<Arc<Q1tPlanes>>),
     /// `q8_2f`: the column field in f32, which every quantized product multiplies into
     /// its activations (converting it from f16 per token and element cost more than the
     /// quantization). `cols` floats beside `rows·cols` weight bytes.
@@ -106,9 +110,32 @@ impl Matrix {
     /// layouts included), so that the products below cannot fail, and indexes the rows of
     /// `vbit` and the overlay of `q1s` (O(rows + overlay), once). Picks the fastest
     /// [`Kernel`] of this CPU.
+    ///
+    /// With `CORTIQ_Q1T_REPACK=1`, a `q1t` matrix at the level of the digit-major kernel
+    /// (AVX-512 VBMI + VNNI) is repacked here ([`Matrix::new_repacked`]); by default not:
+    /// see [`super::q1t_planes`] for what it gains and costs.
     pub fn new(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<Matrix, QuantError> {
+        Matrix::build(dtype, shape, bytes, repack_q1t())
+    }
+
+    /// [`Matrix::new`] that repacks a `q1t` matrix where the digit-major kernel runs
+    /// ([`Q1tPlanes`]: 1.11× its tiles in memory, its overlay copied,
+    /// [`Matrix::payload_unread`]).
+    pub fn new_repacked(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<Matrix, QuantError> {
+        Matrix::build(dtype, shape, bytes, true)
+    }
+
+    /// [`Matrix::new`] for a matrix that may never be multiplied (a skill's replacement,
+    /// selected or not): never repacked, so that while it is unused it costs no memory
+    /// (DESIGN.md: cold weights cost no RSS).
+    pub fn new_cold(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<Matrix, QuantError> {
+        Matrix::build(dtype, shape, bytes, false)
+    }
+
+    fn build(dtype: DType, shape: &[u64], bytes: &[u8], hot: bool) -> Result<Matrix, QuantError> {
         validate(dtype, shape, bytes)?;
         let g = geometry(dtype, shape)?;
+        let kernel = Kernel::detect();
         let bad = |reason: String| QuantError::Inconsistent {
             dtype,
             shape: shape.to_vec(),
@@ -121,7 +148,15 @@ impl Matrix {
                 starts: vbit::row_starts(g, bytes).map_err(bad)?,
             },
             DType::Q1s => RowIndex::Q1s(Q1sRowIndex::new(g, bytes).map_err(bad)?),
-            DType::Q1t => RowIndex::Q1t(Q1tOverlay::new(g, bytes).map_err(bad)?),
+            DType::Q1t => {
+                let mut ov = Q1tOverlay::new(g, bytes).map_err(bad)?;
+                let planes = (hot && kernel == Kernel::Avx512 && q1t_kernel::dm_available())
+                    .then(|| Arc::new(Q1tPlanes::new(g, bytes)));
+                if planes.is_some() {
+                    ov.own(g, bytes);
+                }
+                RowIndex::Q1t(ov, planes)
+            }
             DType::Q4tp => RowIndex::Q4tp(q4::Q4tpBases::new(g, bytes)),
             DType::Q8_2f => {
                 let l = Q8Layout::new(g);
@@ -142,7 +177,7 @@ impl Matrix {
             cols: g.cols,
             nbytes: bytes.len(),
             geom: g,
-            kernel: Kernel::detect(),
+            kernel,
             index,
         })
     }
@@ -150,6 +185,14 @@ impl Matrix {
     /// The row geometry the matrix was validated with.
     pub(super) fn geom(&self) -> Geom {
         self.geom
+    }
+
+    /// Whether nothing reads the payload after load, because the matrix holds it in
+    /// another form: a `q1t` matrix repacked ([`Q1tPlanes`], its overlay copied). The
+    /// loader then lets the OS drop the payload's mapped pages. (A matrix forced onto
+    /// another kernel level afterwards reads them again, and they fault back in.)
+    pub fn payload_unread(&self) -> bool {
+        matches!(&self.index, RowIndex::Q1t(_, Some(_)))
     }
 
     /// The instruction set the products use.
@@ -198,7 +241,13 @@ impl Matrix {
                 vbit::decode_row_from(self.dtype, g, bytes, r, starts[r], out)
             }
             RowIndex::Q1s(index) => q1::decode_q1s_row_indexed(g, bytes, index, r, out),
-            RowIndex::None | RowIndex::Q1t(_) | RowIndex::Q4tp(_) | RowIndex::ColField(_) => {
+            // The repacked rows, so that the file's tiles stay unread.
+            RowIndex::Q1t(ov, Some(planes)) => {
+                planes.decode_base(r, out);
+                ov.write_row(bytes, r, out);
+                Ok(())
+            }
+            RowIndex::None | RowIndex::Q1t(..) | RowIndex::Q4tp(_) | RowIndex::ColField(_) => {
                 decode_row(self.dtype, &self.shape, bytes, r, out).map_err(|e| e.to_string())
             }
         }
@@ -492,10 +541,30 @@ fn col_field(m: &Matrix) -> Option<&[f32]> {
     }
 }
 
+/// Whether [`Matrix::new`] repacks `q1t` matrices: `CORTIQ_Q1T_REPACK=1` (read once).
+/// Off by default: on the Zen 4 VM it made Qwen2.5-Coder-0.5B's decode 1.15–1.19× faster
+/// and SmolLM2-135M's no faster, for a peak RSS 73 MiB (33%) higher and a load 0.15–0.4 s
+/// longer (see `super::q1t_planes`).
+fn repack_q1t() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("CORTIQ_Q1T_REPACK").is_ok_and(|v| v == "1"))
+}
+
 /// The overlay of the `q1t` matrix `m` (computed at load).
 pub(super) fn q1t_overlay(m: &Matrix) -> Option<&Q1tOverlay> {
     match &m.index {
-        RowIndex::Q1t(ov) => Some(ov),
+        RowIndex::Q1t(ov, _) => Some(ov),
+        _ => None,
+    }
+}
+
+/// The repacked rows of the `q1t` matrix `m` where its products read them: at the level of
+/// the digit-major kernel (a matrix forced to another level reads the file's tiles).
+pub(super) fn q1t_planes(m: &Matrix) -> Option<&Q1tPlanes> {
+    match &m.index {
+        RowIndex::Q1t(_, Some(p)) if m.kernel == Kernel::Avx512 && q1t_kernel::dm_available() => {
+            Some(p)
+        }
         _ => None,
     }
 }
@@ -780,7 +849,10 @@ const MAX_FLAT: usize = 32;
 /// Whether [`matvecs_flat`] takes these matrices: not too many, and no `q1t` (whose
 /// `matvec` prepares its token once per product).
 fn flat_ok<'a>(ms: impl ExactSizeIterator<Item = &'a Matrix>) -> bool {
-    ms.len() <= MAX_FLAT && ms.into_iter().all(|m| !matches!(m.index, RowIndex::Q1t(_)))
+    ms.len() <= MAX_FLAT
+        && ms
+            .into_iter()
+            .all(|m| !matches!(m.index, RowIndex::Q1t(..)))
 }
 
 /// Matrix-vector products (each a matrix, its bytes, its selected rows if any, its
@@ -913,7 +985,7 @@ fn q1t_product<'a>(
     t: usize,
     sel: Option<&'a [u32]>,
 ) -> Option<Q1tProduct<'a>> {
-    let RowIndex::Q1t(ov) = &m.index else {
+    let RowIndex::Q1t(ov, _) = &m.index else {
         return None;
     };
     let acts = match acts {
@@ -928,6 +1000,7 @@ fn q1t_product<'a>(
         acts,
         t,
         sel,
+        planes: q1t_planes(m),
     })
 }
 

@@ -27,6 +27,7 @@
 
 // Off x86-64 the x86 kernels' helpers (the panels, `q1t`'s digit-major tiles, `vbit`'s
 // tables, the rows' SIMD hints) are compiled but unused: x86 builds keep those lints.
+mod arena;
 pub mod f16s;
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused))]
 pub mod kernel;
@@ -38,6 +39,7 @@ mod panel;
 pub mod q1;
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused))]
 mod q1t_kernel;
+mod q1t_planes;
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused))]
 pub mod q4;
 pub mod q8;

@@ -76,14 +76,15 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use super::kernel::IntRowsSimd;
 use super::kernel::{h2f_scalar, le16, Kernel, QToken, QuantizedActs, SPLIT_SHIFT};
-use super::matrix::q1t_overlay;
 use super::matrix::q4tp_rows;
 use super::matrix::vbit_rows;
 use super::matrix::Matrix;
 use super::matrix::Out;
+use super::matrix::{q1t_overlay, q1t_planes};
 use super::q1::Q1T_ENTRY;
 use super::q1t_kernel::Q1tOverlay;
 use super::q1t_kernel::Q1tRows;
+use super::q1t_planes::Q1tPlaneRows;
 use super::q4::Q4Rows;
 use super::q8::Q8Layout;
 use super::Geom;
@@ -735,10 +736,18 @@ macro_rules! with_grouped_rows {
                 let $d = &q4tp_rows::<$r>($m, $bytes, $rs);
                 $body
             }
-            Grouped::Q1t => {
-                let $d = &Q1tRows::<$r>::new_at($g, $bytes, $rs);
-                $body
-            }
+            // The rows repacked at load where the products read them (the file's tiles
+            // stay unread), else the tiles.
+            Grouped::Q1t => match q1t_planes($m) {
+                Some(p) => {
+                    let $d = &Q1tPlaneRows::<$r>::new_at(p, $rs);
+                    $body
+                }
+                None => {
+                    let $d = &Q1tRows::<$r>::new_at($g, $bytes, $rs);
+                    $body
+                }
+            },
             Grouped::Vbit => {
                 let $d = &vbit_rows::<$r>($m, $bytes, $rs);
                 $body

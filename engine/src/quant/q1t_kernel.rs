@@ -56,6 +56,18 @@
 //!   from one multiply and two compares per 16 (`codes_i16`): Zen 2 has one vector
 //!   multiplier, and the second multiply of the digit took it from the dot.
 //!
+//! On AVX-512 VBMI + VNNI a matrix repacked at load into 2-bit codes
+//! ([`super::q1t_planes`], opt-in) runs the same row loop with a *planes* step instead of
+//! the digit-major one (`pl_step`: one 64-byte load per row and 8 tiles, a shift and a
+//! mask per plane, four `vpdpbusd` per level against the activations in the same four
+//! planes, [`DmLevel::push_planes`]); the overlay's index and entries are then copied
+//! too, and every other path (exact, the prefill panels, row decode) reads the repacked
+//! rows, so the file's payload stays unread. Measured on the Zen 4 VM (2 threads, paired
+//! against the digit-major build, `scripts/ab-bench.py`): Qwen2.5-Coder-0.5B decode
+//! 1.185×, SmolLM2-135M 1.034× (its 576-column rows spend most of their time outside the
+//! steps: overlay, reduction, row set-up); in cache, one core, 1536×576 1.09–1.25× and
+//! 576×1536 1.23–1.52×. Other matrices keep the digit-major kernel.
+//!
 //! Why not lookup tables of partial sums (T-MAC / bitnet.cpp)? They were measured (one
 //! core of the 2-core AVX-512 VM this was written on, SPR, busy with other builds, so
 //! the ratios matter more than the values; Gweights/s, 48 MiB of weights cycled):
@@ -104,8 +116,10 @@ use rayon::prelude::*;
 use super::kernel::{self, h2f_scalar, le16, IntRowsScalar, Kernel, QToken, QuantizedActs};
 use super::kernel::{RowsScalar, SPLIT_SHIFT, STEP};
 // Rows and tokens per register tile, as in `matrix`.
+use super::arena::Slab;
 use super::matrix::{consecutive_rows, matmul_split, matvec_chunk, Out, BLOCK_ROWS, BLOCK_TOKENS};
 use super::q1::{validate_q1t, Q1T_ENTRY, Q1T_TILE};
+use super::q1t_planes::{Q1tPlaneRows, Q1tPlanes};
 use super::Geom;
 
 /// Bytes a SIMD load may read past a row's last tile (16 bytes from a 9-byte tile's
@@ -133,6 +147,12 @@ const POW3: [usize; 5] = [1, 3, 9, 27, 81];
 /// all 256 bytes by the tests.)
 pub(super) const DIV: [u16; 5] = [21846, 7282, 2428, 810, 270];
 
+/// The little-endian `u32` at `bytes[at..]`.
+#[inline(always)]
+fn le32(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap())
+}
+
 /// Digit `a` of byte `b`: the spec's formula.
 #[inline(always)]
 fn trit(b: u8, a: usize) -> usize {
@@ -156,6 +176,43 @@ pub(crate) struct Q1tOverlay {
     /// Per entry: `value − base` in f32, or 0 when a later entry of the same row and
     /// column overrides it (the spec allows repeats, the later wins, as for `q1s`).
     delta: Vec<f32>,
+    /// With repacked rows ([`Q1tPlanes`]): `row_ptr`, the entries and `delta` (then
+    /// empty) copied into huge pages ([`super::arena`]), so that nothing reads the payload
+    /// after load (its pages can go, see `Matrix::payload_unread`) and the overlay's
+    /// streams do not walk 4 KiB pages.
+    owned: Option<std::sync::Arc<OwnedOverlay>>,
+}
+
+/// [`Q1tOverlay`]'s copy: `[u32 row_ptr; rows + 1]` (indexing the copy's entries from 0),
+/// the entries (`4·count` bytes), `[f32 delta; count]`, in one slab.
+#[derive(Debug)]
+struct OwnedOverlay {
+    mem: Slab,
+    rows: usize,
+    count: usize,
+}
+
+impl OwnedOverlay {
+    #[inline(always)]
+    fn ptr(&self) -> &[u32] {
+        let b = &self.mem.bytes()[..4 * (self.rows + 1)];
+        // SAFETY: a slab is 8-aligned; these are `rows + 1` words of it.
+        unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u32, self.rows + 1) }
+    }
+
+    #[inline(always)]
+    fn entries(&self) -> &[u8] {
+        let at = 4 * (self.rows + 1);
+        &self.mem.bytes()[at..at + Q1T_ENTRY * self.count]
+    }
+
+    #[inline(always)]
+    fn delta(&self) -> &[f32] {
+        let at = 4 * (self.rows + 1) + Q1T_ENTRY * self.count;
+        let b = &self.mem.bytes()[at..at + 4 * self.count];
+        // SAFETY: `at` is a multiple of 4 from an 8-aligned start; `count` floats.
+        unsafe { std::slice::from_raw_parts(b.as_ptr() as *const f32, self.count) }
+    }
 }
 
 impl Q1tOverlay {
@@ -166,6 +223,7 @@ impl Q1tOverlay {
             row_ptr: l.row_ptr,
             entries: l.entries,
             delta: vec![0.0; l.count],
+            owned: None,
         };
         // Per column: (row + 1, entry) of the last entry seen in that column.
         let mut last = vec![(0usize, 0usize); if l.count > 1 { g.cols } else { 0 }];
@@ -193,20 +251,60 @@ impl Q1tOverlay {
         Ok(ov)
     }
 
+    /// Copies `row_ptr`, the entries and the corrections into huge pages (for a matrix
+    /// whose rows are repacked: then nothing reads the payload again).
+    pub(crate) fn own(&mut self, g: Geom, bytes: &[u8]) {
+        let count = self.delta.len();
+        let (np, ne) = (4 * (g.rows + 1), Q1T_ENTRY * count);
+        let mut mem = super::arena::alloc(np + ne + 4 * count);
+        let b = mem.bytes_mut();
+        b[..np].copy_from_slice(&bytes[self.row_ptr..self.row_ptr + np]);
+        // `row_ptr` counts entries from the first (validated: `row_ptr[0] = 0`).
+        b[np..np + ne].copy_from_slice(&bytes[self.entries..self.entries + ne]);
+        for (d, v) in b[np + ne..].chunks_exact_mut(4).zip(&self.delta) {
+            d.copy_from_slice(&v.to_ne_bytes());
+        }
+        self.delta = Vec::new();
+        self.owned = Some(std::sync::Arc::new(OwnedOverlay {
+            mem,
+            rows: g.rows,
+            count,
+        }));
+    }
+
     /// Entries of row `r` (a validated payload).
     #[inline(always)]
     fn range(&self, bytes: &[u8], r: usize) -> Range<usize> {
+        if let Some(o) = &self.owned {
+            let ptr = o.ptr();
+            return ptr[r] as usize..ptr[r + 1] as usize;
+        }
         let at = self.row_ptr + 4 * r;
-        let rd = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap()) as usize;
-        rd(at)..rd(at + 4)
+        le32(bytes, at) as usize..le32(bytes, at + 4) as usize
     }
 
     /// Row `r`'s entries (4 bytes each: `[u16 col][f16 value]`) and their corrections.
     #[inline(always)]
     pub(super) fn row<'b>(&'b self, bytes: &'b [u8], r: usize) -> (&'b [u8], &'b [f32]) {
         let es = self.range(bytes, r);
-        let at = self.entries + es.start * Q1T_ENTRY..self.entries + es.end * Q1T_ENTRY;
-        (&bytes[at], &self.delta[es])
+        match &self.owned {
+            Some(o) => (
+                &o.entries()[es.start * Q1T_ENTRY..es.end * Q1T_ENTRY],
+                &o.delta()[es],
+            ),
+            None => (
+                &bytes[self.entries + es.start * Q1T_ENTRY..self.entries + es.end * Q1T_ENTRY],
+                &self.delta[es],
+            ),
+        }
+    }
+
+    /// Writes row `r`'s entries over its decoded base weights `out` (later entries win).
+    pub(super) fn write_row(&self, bytes: &[u8], r: usize, out: &mut [f32]) {
+        let (ent, _) = self.row(bytes, r);
+        for e in ent.chunks_exact(Q1T_ENTRY) {
+            out[le16(e, 0) as usize] = h2f_scalar(le16(e, 2));
+        }
     }
 
     /// Adds row `r`'s overlay corrections `delta·x[col]` to `out[j]` for each activation
@@ -219,12 +317,8 @@ impl Q1tOverlay {
         xs: &[A; T],
         out: &mut [f32; T],
     ) {
-        let es = self.range(bytes, r);
-        if es.is_empty() {
-            return;
-        }
-        let cols = &bytes[self.entries + es.start * Q1T_ENTRY..self.entries + es.end * Q1T_ENTRY];
-        for (ent, &delta) in cols.chunks_exact(Q1T_ENTRY).zip(&self.delta[es]) {
+        let (cols, deltas) = self.row(bytes, r);
+        for (ent, &delta) in cols.chunks_exact(Q1T_ENTRY).zip(deltas) {
             let col = le16(ent, 0) as usize;
             for (o, x) in out.iter_mut().zip(xs) {
                 *o += delta * x.at(col);
@@ -905,7 +999,7 @@ mod simd {
 
     /// Whether this CPU runs the digit-major kernel (AVX-512 VBMI and VNNI on top of
     /// [`Kernel::Avx512`]): [`Kernel::has_vbmi`], as the `vbit` kernels ask.
-    pub(super) fn dm_available() -> bool {
+    pub(in crate::quant) fn dm_available() -> bool {
         Kernel::Avx512.has_vbmi()
     }
 
@@ -972,22 +1066,15 @@ mod simd {
             us[r] = dm_digits(k, code);
         }
         for (q, tk) in toks.iter().enumerate() {
-            let planes = dm_planes(tk, 0, step);
+            let planes = dm_planes::<5>(tk, 0, step);
             let planes2 = if SPLIT {
-                dm_planes(tk, 1, step)
+                dm_planes::<5>(tk, 1, step)
             } else {
                 planes
             };
             let d = _mm512_loadu_ps(tk.d.add(step * DM_LANES));
             for r in 0..N {
-                let mut dot = dm_dot(&us[r], &planes);
-                if SPLIT {
-                    // `256·Σc·q + Σc·q₂`, as the shared integer kernels combine them: a lane
-                    // sums 20 codes, so `|Σc·q| ≤ 20·127` and the lane stays below 2²⁰,
-                    // exact in the f32 conversion.
-                    let lo = dm_dot(&us[r], &planes2);
-                    dot = _mm512_add_epi32(_mm512_slli_epi32::<{ SPLIT_SHIFT as u32 }>(dot), lo);
-                }
+                let dot = split_dot::<_, SPLIT>(&us[r], &planes, &planes2);
                 acc[r][q] = _mm512_fmadd_ps(
                     _mm512_cvtepi32_ps(dot),
                     _mm512_mul_ps(scales[r], d),
@@ -1044,34 +1131,50 @@ mod simd {
         let scales = _mm512_cvtph_ps(_mm512_castsi512_si256(scale));
         let us = dm_digits(k, code);
         for (q, tk) in toks.iter().enumerate() {
-            let planes = dup_planes(dm_planes(tk, 0, step));
+            let planes = dup_planes(dm_planes::<5>(tk, 0, step));
             let planes2 = if SPLIT {
-                dup_planes(dm_planes(tk, 1, step))
+                dup_planes(dm_planes::<5>(tk, 1, step))
             } else {
                 planes
             };
             let d = _mm512_loadu_ps(tk.d.add(step * DM_LANES));
             let d = _mm512_shuffle_f32x4::<0b01_00_01_00>(d, d);
-            let mut dot = dm_dot(&us, &planes);
-            if SPLIT {
-                let lo = dm_dot(&us, &planes2);
-                dot = _mm512_add_epi32(_mm512_slli_epi32::<{ SPLIT_SHIFT as u32 }>(dot), lo);
-            }
-            let v = _mm512_cvtepi32_ps(dot);
-            let sd = _mm512_mul_ps(scales, d);
-            acc[0][q] = _mm512_mask3_fmadd_ps(v, sd, acc[0][q], 0x00FF);
-            // The second row's lanes 8..16 down to 0..8.
-            let (v, sd) = (
-                _mm512_shuffle_f32x4::<0b01_00_11_10>(v, v),
-                _mm512_shuffle_f32x4::<0b01_00_11_10>(sd, sd),
-            );
-            acc[1][q] = _mm512_mask3_fmadd_ps(v, sd, acc[1][q], 0x00FF);
+            let dot = split_dot::<_, SPLIT>(&us, &planes, &planes2);
+            let [a, b] = &mut acc[..] else {
+                unreachable!("two rows")
+            };
+            pair_accumulate(dot, scales, d, (&mut a[q], &mut b[q]));
         }
     }
 
-    /// Planes ([`dm_planes`]) with their low halves copied into the high halves.
+    /// A paired tail step's sums `dot` (the first row's tiles in lanes 0..8, the second's
+    /// in 8..16) times the tiles' `scales` and the token's group scales `d` (both halves
+    /// alike), into lanes 0..8 of each row's accumulator: the operations of a one-row
+    /// partial step on those lanes.
     #[inline(always)]
-    unsafe fn dup_planes((c, xs): (__m512i, [__m512i; 5])) -> (__m512i, [__m512i; 5]) {
+    unsafe fn pair_accumulate(
+        dot: __m512i,
+        scales: __m512,
+        d: __m512,
+        (a, b): (&mut __m512, &mut __m512),
+    ) {
+        let v = _mm512_cvtepi32_ps(dot);
+        let sd = _mm512_mul_ps(scales, d);
+        *a = _mm512_mask3_fmadd_ps(v, sd, *a, 0x00FF);
+        // The second row's lanes 8..16 down to 0..8.
+        let (v, sd) = (
+            _mm512_shuffle_f32x4::<0b01_00_11_10>(v, v),
+            _mm512_shuffle_f32x4::<0b01_00_11_10>(sd, sd),
+        );
+        *b = _mm512_mask3_fmadd_ps(v, sd, *b, 0x00FF);
+    }
+
+    /// Planes ([`dm_planes`]) with their low halves copied into the high
+    /// halves.
+    #[inline(always)]
+    unsafe fn dup_planes<const P: usize>(
+        (c, xs): (__m512i, [__m512i; P]),
+    ) -> (__m512i, [__m512i; P]) {
         let mut out = (dup_low(c), xs);
         for x in &mut out.1 {
             *x = dup_low(*x);
@@ -1085,27 +1188,55 @@ mod simd {
         _mm512_shuffle_i64x2::<0b01_00_01_00>(v, v)
     }
 
-    /// Level `l` of token `tk` at step `step`: the lanes' `−Σx` and the five digit planes.
+    /// Level `l` of token `tk` at step `step`: the lanes' `−Σx` and the first `P` planes
+    /// (the five digit planes, or the planes layout's four).
     #[inline(always)]
-    unsafe fn dm_planes(tk: &DmTok, l: usize, step: usize) -> (__m512i, [__m512i; 5]) {
+    unsafe fn dm_planes<const P: usize>(
+        tk: &DmTok,
+        l: usize,
+        step: usize,
+    ) -> (__m512i, [__m512i; P]) {
         let x = tk.x[l].add(step * DM_X);
         let c = _mm512_loadu_si512(tk.c[l].add(step * DM_LANES) as *const __m512i);
-        let mut xs = [_mm512_setzero_si512(); 5];
+        let mut xs = [_mm512_setzero_si512(); P];
         for (a, v) in xs.iter_mut().enumerate() {
             *v = _mm512_loadu_si512(x.add(64 * a) as *const __m512i);
         }
         (c, xs)
     }
 
-    /// `Σ code·x` per 32-bit lane of one step: the lanes' `−Σx` plus the five digit planes'
+    /// `Σ code·x` per 32-bit lane of one step: the lanes' `−Σx` plus the planes'
     /// `Σ (code + 1)·x`, for one level of one token ([`dm_planes`]).
     #[inline(always)]
-    unsafe fn dm_dot(u: &[__m512i; 5], planes: &(__m512i, [__m512i; 5])) -> __m512i {
+    unsafe fn dm_dot<const P: usize>(
+        u: &[__m512i; P],
+        planes: &(__m512i, [__m512i; P]),
+    ) -> __m512i {
         let mut dot = planes.0;
         for (u, xa) in u.iter().zip(&planes.1) {
             dot = _mm512_dpbusd_epi32(dot, *u, *xa);
         }
         dot
+    }
+
+    /// `Σ code·x` per lane of one step against a token's level `planes`, and with the
+    /// residual level `planes2` when `SPLIT`: `256·Σc·q + Σc·q₂`, as the shared integer
+    /// kernels combine them. A lane sums at most 20 codes, so `|Σc·q| ≤ 20·127` and the
+    /// lane stays below 2²⁰, exact in the f32 conversion.
+    #[inline(always)]
+    unsafe fn split_dot<const P: usize, const SPLIT: bool>(
+        u: &[__m512i; P],
+        planes: &(__m512i, [__m512i; P]),
+        planes2: &(__m512i, [__m512i; P]),
+    ) -> __m512i {
+        let dot = dm_dot(u, planes);
+        if !SPLIT {
+            return dot;
+        }
+        _mm512_add_epi32(
+            _mm512_slli_epi32::<{ SPLIT_SHIFT as u32 }>(dot),
+            dm_dot(u, planes2),
+        )
     }
 
     /// Masks of the two loads of a step holding `n ≤ 8` tiles.
@@ -1194,6 +1325,8 @@ mod simd {
     struct DmTile<'a> {
         k: DmConst,
         dm: &'a DmActs,
+        /// The repacked rows, which the planes kernel reads instead of the tiles.
+        planes: Option<&'a Q1tPlanes>,
     }
 
     impl DmTile<'_> {
@@ -1209,9 +1342,17 @@ mod simd {
             groups: usize,
             ts: &[DmTok; T],
         ) -> [[f32; T]; N] {
+            let ov = std::array::from_fn(|i| cx.ov.row(cx.bytes, rs[i]));
+            if let Some(p) = self.planes {
+                let rows = std::array::from_fn(|i| (p.codes(rs[i]), p.scales(rs[i])));
+                return if self.dm.split {
+                    pl_row::<N, T, true>(rows, groups, ts, ov)
+                } else {
+                    pl_row::<N, T, false>(rows, groups, ts, ov)
+                };
+            }
             let rb = groups * Q1T_TILE;
             let tiles = std::array::from_fn(|i| &cx.bytes[rs[i] * rb..(rs[i] + 1) * rb]);
-            let ov = std::array::from_fn(|i| cx.ov.row(cx.bytes, rs[i]));
             if self.dm.split {
                 dm_row::<N, T, true>(&self.k, tiles, groups, ts, ov)
             } else {
@@ -1253,10 +1394,12 @@ mod simd {
 
     /// Outputs `outs` of `cx` against tokens `toks` (laid out in `dm`) in the tiles of
     /// [`Q1tProduct::tiles`], each row with its overlay; `put(output, token, value)`. The loops
-    /// inline here, inside the target features.
+    /// inline here, inside the target features. With `cx.planes`, the planes kernel over
+    /// the repacked rows (`dm` then in its planes layout), else the digit-major one.
     ///
     /// # Safety
-    /// [`dm_available`]; `dm` holds all `cx.t` tokens; the payload is validated.
+    /// [`dm_available`]; `dm` holds all `cx.t` tokens, in the planes layout exactly when
+    /// `cx.planes` is set; the payload is validated.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
     pub(super) unsafe fn dm_block<P: FnMut(usize, usize, f32)>(
         cx: &Q1tProduct,
@@ -1265,7 +1408,178 @@ mod simd {
         toks: Range<usize>,
         put: &mut P,
     ) {
-        cx.tiles(&DmTile { k: dm_const(), dm }, outs, toks, put);
+        debug_assert_eq!(dm.planes, cx.planes.is_some());
+        let tile = DmTile {
+            k: dm_const(),
+            dm,
+            planes: cx.planes,
+        };
+        cx.tiles(&tile, outs, toks, put);
+    }
+
+    // ---- the planes kernel: AVX-512 VNNI over the repacked rows ----------------------------
+
+    /// `vpermps` index spreading a step's 8 tile scales to their two 32-bit lanes each.
+    static PL_DUP: [i32; 16] = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7];
+
+    /// How far ahead of each row's step the planes kernel prefetches its tile words (as
+    /// [`TILES_AHEAD`] for the file's tiles), and a quarter as far its scales.
+    const PLANES_AHEAD: usize = 3072;
+
+    /// One step (tiles `8·step .. 8·step + n` of each row: their words and scales at
+    /// `ps[r]`) of `N` rows against `T` tokens; with the residual level when `SPLIT`. A
+    /// word's byte `m` holds `u = code + 1` of weights `m, m + 8, m + 16, m + 24` in bits
+    /// 0, 2, 4, 6: one masked load per row and step, a shift and a mask per plane give the
+    /// four byte vectors that `vpdpbusd` multiplies with the token's four planes
+    /// ([`DmLevel::push_planes`]), from the lanes' `−Σx`, so `Σ u·x − Σx = Σ code·x` (a
+    /// lane sums 16 codes: `(dot << SPLIT_SHIFT) + dot₂` stays below 2²⁰, exact in f32).
+    /// Tiles past `n` load as zero words and zero scales; their activations are zero.
+    #[inline(always)]
+    unsafe fn pl_step<const N: usize, const T: usize, const SPLIT: bool>(
+        ps: [(*const u64, *const u16); N],
+        n: usize,
+        step: usize,
+        toks: &[DmTok; T],
+        acc: &mut [[__m512; T]; N],
+    ) {
+        let (mc, ms) = if n >= DM_TILES {
+            (!0u64, 0xFFu8)
+        } else {
+            ((1u64 << (8 * n)) - 1, ((1u32 << n) - 1) as u8)
+        };
+        let dup = ld512(&PL_DUP);
+        let mut scales = [_mm512_setzero_ps(); N];
+        for r in 0..N {
+            let s = _mm256_cvtph_ps(_mm_maskz_loadu_epi16(ms, ps[r].1 as *const i16));
+            scales[r] = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(s));
+        }
+        // Tokens outside, rows inside: each row's digits are split again per token (a
+        // load and seven operations, from L1; decode has one token), which keeps the
+        // registers for the rows' independent chains.
+        for (q, tk) in toks.iter().enumerate() {
+            let planes = dm_planes::<4>(tk, 0, step);
+            let planes2 = if SPLIT {
+                dm_planes::<4>(tk, 1, step)
+            } else {
+                planes
+            };
+            let d = _mm512_loadu_ps(tk.d.add(step * DM_LANES));
+            for r in 0..N {
+                let us = pl_units(_mm512_maskz_loadu_epi8(mc, ps[r].0 as *const i8));
+                let dot = split_dot::<_, SPLIT>(&us, &planes, &planes2);
+                acc[r][q] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(dot),
+                    _mm512_mul_ps(scales[r], d),
+                    acc[r][q],
+                );
+            }
+        }
+    }
+
+    /// The four byte planes `u` of 64 bytes of tile words.
+    #[inline(always)]
+    unsafe fn pl_units(w: __m512i) -> [__m512i; 4] {
+        let m3 = _mm512_set1_epi8(3);
+        [
+            _mm512_and_si512(w, m3),
+            _mm512_and_si512(_mm512_srli_epi16::<2>(w), m3),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(w), m3),
+            _mm512_and_si512(_mm512_srli_epi16::<6>(w), m3),
+        ]
+    }
+
+    /// The last, partial step of two rows (`n ≤ 4` tiles each) in one vector, as
+    /// [`dm_tail_pair`] does with the file's tiles: the first row's words in bytes 0..32,
+    /// the second's in 32..64, the token's planes copied into both halves. Each row's lanes
+    /// see the operations of a one-row partial step ([`pl_step`], whose lanes past `2·n`
+    /// add zeros), so the values do not depend on the pairing. SmolLM2's 576 columns are
+    /// 2¼ steps a row, Qwen2.5's 896 3½.
+    #[inline(always)]
+    unsafe fn pl_tail_pair<const T: usize, const SPLIT: bool>(
+        ps: [(*const u64, *const u16); 2],
+        n: usize,
+        step: usize,
+        toks: &[DmTok; T],
+        [a0, a1]: [&mut [__m512; T]; 2],
+    ) {
+        debug_assert!(n <= DM_TILES / 2);
+        let (mc, ms) = (
+            ((1u64 << (8 * n)) - 1) as __mmask32,
+            ((1u32 << n) - 1) as u8,
+        );
+        let a = _mm256_maskz_loadu_epi8(mc, ps[0].0 as *const i8);
+        let b = _mm256_maskz_loadu_epi8(mc, ps[1].0 as *const i8);
+        let us = pl_units(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b));
+        // f16 words 0..4 the first row's scales, 4..8 the second's: `PL_DUP` spreads them
+        // to lanes 0..8 and 8..16.
+        let sa = _mm_maskz_loadu_epi16(ms, ps[0].1 as *const i16);
+        let sb = _mm_maskz_loadu_epi16(ms, ps[1].1 as *const i16);
+        let s8 = _mm256_cvtph_ps(_mm_unpacklo_epi64(sa, sb));
+        let scales = _mm512_permutexvar_ps(ld512(&PL_DUP), _mm512_castps256_ps512(s8));
+        for (q, tk) in toks.iter().enumerate() {
+            let planes = dup_planes(dm_planes::<4>(tk, 0, step));
+            let planes2 = if SPLIT {
+                dup_planes(dm_planes::<4>(tk, 1, step))
+            } else {
+                planes
+            };
+            let d = _mm512_loadu_ps(tk.d.add(step * DM_LANES));
+            let d = _mm512_shuffle_f32x4::<0b01_00_01_00>(d, d);
+            let dot = split_dot::<_, SPLIT>(&us, &planes, &planes2);
+            pair_accumulate(dot, scales, d, (&mut a0[q], &mut a1[q]));
+        }
+    }
+
+    /// Row `(words, scales)` at step `s`, its stream prefetched [`PLANES_AHEAD`] on.
+    #[inline(always)]
+    unsafe fn pl_at((w, sc): (&[u64], &[u16]), s: usize) -> (*const u64, *const u16) {
+        let (w, sc) = (w.as_ptr().add(DM_TILES * s), sc.as_ptr().add(DM_TILES * s));
+        // A prefetch never faults: the addresses may lie past the rows.
+        _mm_prefetch::<_MM_HINT_T1>((w as *const u8).wrapping_add(PLANES_AHEAD) as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>((sc as *const u8).wrapping_add(PLANES_AHEAD / 4) as *const i8);
+        (w, sc)
+    }
+
+    /// `Σ code·x` over `N` repacked rows (their words and scales, `groups` tiles each),
+    /// plus their overlays `ov`, for `T` tokens: [`dm_row`] over the planes.
+    #[inline(always)]
+    unsafe fn pl_row<const N: usize, const T: usize, const SPLIT: bool>(
+        rows: [(&[u64], &[u16]); N],
+        groups: usize,
+        toks: &[DmTok; T],
+        ov: [(&[u8], &[f32]); N],
+    ) -> [[f32; T]; N] {
+        for (ent, delta) in &ov {
+            // A prefetch never faults: the addresses may lie past the payload.
+            _mm_prefetch::<_MM_HINT_T0>(ent.as_ptr().wrapping_add(OVERLAY_AHEAD) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(delta.as_ptr().wrapping_add(OVERLAY_AHEAD / 4) as *const i8);
+        }
+        let mut acc = [[_mm512_setzero_ps(); T]; N];
+        for (w, sc) in rows {
+            debug_assert!(w.len() == groups && sc.len() == groups);
+        }
+        let (full, tail) = (groups / DM_TILES, groups % DM_TILES);
+        for s in 0..full {
+            let at = std::array::from_fn(|r| pl_at(rows[r], s));
+            pl_step::<N, T, SPLIT>(at, DM_TILES, s, toks, &mut acc);
+        }
+        let at: [_; N] = std::array::from_fn(|r| pl_at(rows[r], full));
+        if N == 2 && 0 < tail && tail <= DM_TILES / 2 {
+            let [a, b] = &mut acc[..] else {
+                unreachable!("two rows")
+            };
+            pl_tail_pair::<T, SPLIT>([at[0], at[1]], tail, full, toks, [a, b]);
+        } else if tail > 0 {
+            pl_step::<N, T, SPLIT>(at, tail, full, toks, &mut acc);
+        }
+        let mut out = [[0f32; T]; N];
+        for r in 0..N {
+            overlay(ov[r].0, ov[r].1, &mut acc[r], toks);
+            for (o, a) in out[r].iter_mut().zip(&acc[r]) {
+                *o = _mm512_reduce_add_ps(*a);
+            }
+        }
+        out
     }
 
     // ---- the digit-major kernel on AVX2 ----------------------------------------------------
@@ -1636,10 +1950,11 @@ mod simd {
 }
 
 #[cfg(target_arch = "x86_64")]
-use simd::{dm_available, DmTok, DM_LANES, DM_TILES, DM_X};
+pub(in crate::quant) use simd::dm_available;
+use simd::{DmTok, DM_LANES, DM_TILES, DM_X};
 
 #[cfg(not(target_arch = "x86_64"))]
-fn dm_available() -> bool {
+pub(super) fn dm_available() -> bool {
     false
 }
 #[cfg(not(target_arch = "x86_64"))]
@@ -1666,6 +1981,9 @@ struct DmActs {
     steps: usize,
     /// Whether level 1 (the residual codes) is filled.
     split: bool,
+    /// Whether the levels are in the planes layout of [`super::q1t_planes`] (else
+    /// digit-major).
+    planes: bool,
     levels: [DmLevel; 2],
     /// Under `Balanced`, per token and step the lanes' `c` of both levels combined,
     /// `(c₀ << SPLIT_SHIFT) + c₁`, for the AVX2 kernel.
@@ -1730,6 +2048,27 @@ impl DmLevel {
         self.push_scalar(j, groups, steps, codes);
     }
 
+    /// Appends token `j`'s codes (`groups` groups) in the planes layout of the kernel over
+    /// [`super::q1t_planes::Q1tPlanes`]: plane `p` (bytes `64·p ..` of a step's `DM_X`),
+    /// lane `8·i + m` = code `8·p + m` of group `i`, the layout of the tile words' bytes;
+    /// `c` lane `2·i + h` (the 32-bit lane of bytes `8·i + 4·h ..`) is `−Σ` of its bytes
+    /// over the four planes. Eight-byte copies and sums: O(cols), no SIMD needed.
+    fn push_planes(&mut self, j: usize, groups: usize, steps: usize, codes: &[i8]) {
+        self.key.extend_from_slice(codes);
+        for g in 0..groups {
+            let (s, i) = (j * steps + g / DM_TILES, g % DM_TILES);
+            let x = &mut self.x[s * DM_X..(s + 1) * DM_X];
+            let c = &mut self.c[s * DM_LANES..(s + 1) * DM_LANES];
+            let q = &codes[g * STEP..(g + 1) * STEP];
+            for (p, q) in q.chunks_exact(8).enumerate() {
+                x[64 * p + 8 * i..64 * p + 8 * i + 8].copy_from_slice(q);
+                for (h, half) in q.chunks_exact(4).enumerate() {
+                    c[2 * i + h] -= half.iter().map(|&v| v as i32).sum::<i32>();
+                }
+            }
+        }
+    }
+
     /// [`DmLevel::push`]'s layout, one code at a time (the reference), without the key.
     fn push_scalar(&mut self, j: usize, groups: usize, steps: usize, codes: &[i8]) {
         for g in 0..groups {
@@ -1763,15 +2102,17 @@ impl DmActs {
             .reserve((t * steps * DM_LANES).saturating_sub(self.cs.len()));
     }
 
-    /// Rebuilds from tokens `0..t` of `qa` (`groups` groups each) unless they are what it
-    /// holds; `k` dequantizes them for the overlay.
-    fn refresh(&mut self, k: Kernel, qa: &QuantizedActs, t: usize, groups: usize) {
+    /// Rebuilds from tokens `0..t` of `qa` (`groups` groups each), digit-major or in
+    /// `planes` layout, unless they are what it holds; `k` dequantizes them for the
+    /// overlay.
+    fn refresh(&mut self, k: Kernel, qa: &QuantizedActs, t: usize, groups: usize, planes: bool) {
         let steps = groups.div_ceil(DM_TILES);
         let split = t > 0 && qa.token(0).split();
         let n = groups * STEP;
         let same = self.steps == steps
             && self.groups == groups
             && self.split == split
+            && self.planes == planes
             && self.key_d.len() == t * groups
             && self.levels[0].key.len() == t * n
             && (0..t).all(|j| {
@@ -1786,6 +2127,7 @@ impl DmActs {
         self.steps = steps;
         self.groups = groups;
         self.split = split;
+        self.planes = planes;
         self.key_d.clear();
         self.xf.clear();
         self.xf.resize(t * n, 0.0);
@@ -1796,8 +2138,14 @@ impl DmActs {
         for j in 0..t {
             let tk = qa.token(j);
             self.key_d.extend_from_slice(tk.d);
-            self.levels[0].push(k, j, groups, steps, tk.q);
-            if split {
+            if planes {
+                self.levels[0].push_planes(j, groups, steps, tk.q);
+            } else {
+                self.levels[0].push(k, j, groups, steps, tk.q);
+            }
+            if split && planes {
+                self.levels[1].push_planes(j, groups, steps, tk.q2);
+            } else if split {
                 self.levels[1].push(k, j, groups, steps, tk.q2);
             }
             for (g, &d) in tk.d.iter().enumerate() {
@@ -1881,6 +2229,9 @@ pub(crate) struct Q1tProduct<'a> {
     pub acts: Q1tActs<'a>,
     pub t: usize,
     pub sel: Option<&'a [u32]>,
+    /// The rows repacked at load ([`Q1tPlanes`]), which every product reads instead of
+    /// the tiles: only at the level of the digit-major kernel (AVX-512 VBMI + VNNI).
+    pub planes: Option<&'a Q1tPlanes>,
 }
 
 impl Q1tProduct<'_> {
@@ -1921,8 +2272,11 @@ impl Q1tProduct<'_> {
         {
             let rb = self.g.cols / STEP * Q1T_TILE;
             for o in outs.start..outs.end.min(outs.start + PREFETCH_ROWS) {
-                let row = self.bytes[self.row(o) * rb..].as_ptr();
-                for line in (0..rb).step_by(64) {
+                let (row, len) = match self.planes {
+                    Some(p) => (p.codes(self.row(o)).as_ptr() as *const u8, 8 * p.groups()),
+                    None => (self.bytes[self.row(o) * rb..].as_ptr(), rb),
+                };
+                for line in (0..len).step_by(64) {
                     // SAFETY: a prefetch never faults; the address is inside the payload.
                     unsafe { _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(line) as *const i8) };
                 }
@@ -2012,7 +2366,7 @@ impl Q1tProduct<'_> {
     ) {
         let groups = self.g.cols / STEP;
         let mut run = |dm: &mut DmActs| {
-            dm.refresh(self.k, qa, self.t, groups);
+            dm.refresh(self.k, qa, self.t, groups, self.planes.is_some());
             // SAFETY: `uses_dm()` (checked by `block`): AVX-512 VBMI + VNNI for
             // `Kernel::Avx512`, else AVX2 (`Kernel::Avx2` is detected); `dm` was just
             // built from all `t` tokens of `qa`; rows come from a validated payload.
@@ -2087,8 +2441,14 @@ impl Tile for ExactTile<'_> {
     ) {
         let cols = cx.g.cols;
         let rs = cx.rows::<R>(o);
-        let d = Q1tRows::<R>::new_at(cx.g, cx.bytes, rs);
         let xs: [&[f32]; T] = std::array::from_fn(|q| &self.0[(j + q) * cols..(j + q + 1) * cols]);
+        if let Some(p) = cx.planes {
+            // The shared f32 loops over the repacked rows: the same weights as the tiles'.
+            let mut out = [[0f32; T]; R];
+            kernel::run::<_, R, T>(cx.k, &Q1tPlaneRows::<R>::new_at(p, rs), &xs, &mut out);
+            return cx.finish((o, j), &rs, &xs, out, put);
+        }
+        let d = Q1tRows::<R>::new_at(cx.g, cx.bytes, rs);
         #[cfg(target_arch = "x86_64")]
         if cx.k == Kernel::Avx512 && simd::exact_available() {
             // SAFETY: checked just above; `new_at` gives each row its tiles and `SLACK`,

@@ -733,3 +733,62 @@ fn the_bound_catches_one_wrong_weight() {
         "only {caught} of {rows} damaged rows caught"
     );
 }
+
+/// A matrix repacked at load (`Matrix::new_repacked` on AVX-512 VBMI + VNNI: the planes kernel,
+/// its overlay copied) and the same matrix cold (`Matrix::new_cold`: the digit-major
+/// kernel over the file's tiles) compute within the bound of the same values at every
+/// precision, decode the same rows bit for bit, and only the repacked one leaves its
+/// payload unread.
+#[test]
+fn repacked_and_cold_matrices_agree() {
+    let shape = |g: Geom| [g.rows as u64, g.cols as u64];
+    let planes = Kernel::Avx512.is_available() && q1t_kernel::dm_available();
+    for (ci, &cols) in COLS.iter().enumerate() {
+        for (ri, &rows) in [1usize, 3, 7, 67].iter().enumerate() {
+            for (oi, &ov) in OVERLAYS.iter().enumerate() {
+                let seed = (5000 + 1000 * ci + 10 * ri + oi) as u64;
+                let g = geom(rows, cols);
+                let b = payload(rows, cols, ov, seed);
+                let hot = Matrix::new_repacked(DType::Q1t, &shape(g), &b).unwrap();
+                let cold = Matrix::new_cold(DType::Q1t, &shape(g), &b).unwrap();
+                assert_eq!(hot.payload_unread(), planes, "{rows}x{cols}");
+                assert!(!cold.payload_unread());
+                assert_eq!(hot.kernel(), cold.kernel());
+                let (mut a, mut c) = (vec![0f32; cols], vec![0f32; cols]);
+                for r in 0..rows {
+                    hot.row(&b, r, &mut a);
+                    cold.row(&b, r, &mut c);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&a), bits(&c), "{rows}x{cols} {ov:?} row {r}");
+                }
+                for p in [Precision::Balanced, Precision::Fast, Precision::Exact] {
+                    for t in [1usize, 2, 3, 9] {
+                        let x = activations(t * cols, seed + t as u64);
+                        let want = reference(g, &b, &dequantized(&x, t, cols, p), t);
+                        let (mut yh, mut yc) = (vec![f32::NAN; t * rows], vec![f32::NAN; t * rows]);
+                        matmul_with(&hot, &b, &x, t, &mut yh, p);
+                        matmul_with(&cold, &b, &x, t, &mut yc, p);
+                        let what = format!("{p:?} {rows}x{cols} {ov:?} t={t}");
+                        check(&format!("{what} repacked"), &yh, &want);
+                        check(&format!("{what} cold"), &yc, &want);
+                        if in_panels(&hot, p, t) {
+                            continue;
+                        }
+                        // Below the panels, a product of t tokens is t products of one.
+                        for j in 0..t {
+                            let mut y1 = vec![f32::NAN; rows];
+                            matvec_with(&hot, &b, &x[j * cols..(j + 1) * cols], &mut y1, p);
+                            let bits =
+                                |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(
+                                bits(&y1),
+                                bits(&yh[j * rows..(j + 1) * rows]),
+                                "{what} token {j}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
