@@ -1951,6 +1951,7 @@ mod simd {
 
 #[cfg(target_arch = "x86_64")]
 pub(in crate::quant) use simd::dm_available;
+#[cfg(target_arch = "x86_64")]
 use simd::{DmTok, DM_LANES, DM_TILES, DM_X};
 
 #[cfg(not(target_arch = "x86_64"))]

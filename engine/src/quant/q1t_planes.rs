@@ -144,6 +144,7 @@ impl Q1tPlanes {
     }
 
     /// Tiles per row.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     #[inline(always)]
     pub(crate) fn groups(&self) -> usize {
         self.groups
