@@ -81,7 +81,10 @@ impl Slab {
             Backing::Chunk(c) => unsafe {
                 std::slice::from_raw_parts(c.ptr.add(self.off), self.len)
             },
-            Backing::Heap(v) => &bytemuck_u8(v)[..self.len],
+            // SAFETY: a `u64` buffer viewed as its bytes (any bit pattern is valid).
+            Backing::Heap(v) => unsafe {
+                std::slice::from_raw_parts(v.as_ptr() as *const u8, self.len)
+            },
         }
     }
 
@@ -92,21 +95,12 @@ impl Slab {
             Backing::Chunk(c) => unsafe {
                 std::slice::from_raw_parts_mut(c.ptr.add(self.off), self.len)
             },
-            Backing::Heap(v) => {
-                let n = self.len;
-                // SAFETY: a `u64` buffer viewed as its bytes (any bit pattern is valid).
-                let bytes = unsafe {
-                    std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, 8 * v.len())
-                };
-                &mut bytes[..n]
-            }
+            // SAFETY: as in `bytes` (`len ≤ 8·v.len()`, see `alloc`).
+            Backing::Heap(v) => unsafe {
+                std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, self.len)
+            },
         }
     }
-}
-
-fn bytemuck_u8(v: &[u64]) -> &[u8] {
-    // SAFETY: a `u64` slice viewed as its bytes (alignment 1, any bit pattern valid).
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, 8 * v.len()) }
 }
 
 /// The chunk slabs are carved from, and how much of it is taken.

@@ -150,8 +150,8 @@ impl Matrix {
             DType::Q1s => RowIndex::Q1s(Q1sRowIndex::new(g, bytes).map_err(bad)?),
             DType::Q1t => {
                 let mut ov = Q1tOverlay::new(g, bytes).map_err(bad)?;
-                let planes = (hot && kernel == Kernel::Avx512 && q1t_kernel::dm_available())
-                    .then(|| Arc::new(Q1tPlanes::new(g, bytes)));
+                let planes =
+                    (hot && planes_run_on(kernel)).then(|| Arc::new(Q1tPlanes::new(g, bytes)));
                 if planes.is_some() {
                     ov.own(g, bytes);
                 }
@@ -562,11 +562,15 @@ pub(super) fn q1t_overlay(m: &Matrix) -> Option<&Q1tOverlay> {
 /// the digit-major kernel (a matrix forced to another level reads the file's tiles).
 pub(super) fn q1t_planes(m: &Matrix) -> Option<&Q1tPlanes> {
     match &m.index {
-        RowIndex::Q1t(_, Some(p)) if m.kernel == Kernel::Avx512 && q1t_kernel::dm_available() => {
-            Some(p)
-        }
+        RowIndex::Q1t(_, Some(p)) if planes_run_on(m.kernel) => Some(p),
         _ => None,
     }
+}
+
+/// Whether kernel level `k` runs the planes kernel over repacked `q1t` rows (that of the
+/// digit-major kernel: AVX-512 VBMI + VNNI); the only level that repacks.
+fn planes_run_on(k: Kernel) -> bool {
+    k == Kernel::Avx512 && q1t_kernel::dm_available()
 }
 
 /// Weight rows per block: four independent accumulators per activation hide the FMA
