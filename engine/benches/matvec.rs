@@ -2,7 +2,7 @@
 //! included): `matvec` of a 2048×2048 matrix (decode of one token) on 1 and 2 threads, and
 //! `matmul` of 64 tokens (prefill) on 2 threads, all at `Precision::Exact`; for the dtypes
 //! with an integer kernel, the same at `Precision::Balanced` (the default) and
-//! `Precision::Fast` (quantized activations). Throughput is in bytes of stored weights per second, the figure that
+//! `Precision::Fast` (quantized activations), their `matmul` on 1 thread too. Throughput is in bytes of stored weights per second, the figure that
 //! bounds decode speed (a matvec reads every weight byte once).
 //! The matrix stays in the last-level cache between iterations (a warm-cache figure).
 //!
@@ -110,11 +110,14 @@ fn benches(c: &mut Criterion) {
                         },
                     );
                 }
-                let (n, pool) = &pools[1];
-                let id = BenchmarkId::new(format!("matmul {name} t={t}"), format!("{n}T"));
-                g.bench_function(id, |b| {
-                    pool.install(|| b.iter(|| matmul_with(&m, black_box(&bytes), &x, t, &mut y, p)))
-                });
+                for (n, pool) in &pools {
+                    let id = BenchmarkId::new(format!("matmul {name} t={t}"), format!("{n}T"));
+                    g.bench_function(id, |b| {
+                        pool.install(|| {
+                            b.iter(|| matmul_with(&m, black_box(&bytes), &x, t, &mut y, p))
+                        })
+                    });
+                }
             }
         }
         g.finish();

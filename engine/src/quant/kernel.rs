@@ -1186,6 +1186,12 @@ impl QuantizedActs {
         }
     }
 
+    /// Every token's int16 codes `k` (`[t, groups·32]`; empty unless filled) and how many
+    /// a token has: for kernels that address them per token without a [`QToken`].
+    pub(super) fn codes16(&self) -> (&[i16], usize) {
+        (&self.k, self.groups * STEP)
+    }
+
     /// Whether the tokens carry the residual level (one scale per token).
     pub fn is_split(&self) -> bool {
         self.split

@@ -377,7 +377,8 @@ fn fill_for(
     p: Precision,
 ) {
     let rows = panel::applies_to(m, p.split(), t).is_none();
-    let int16 = int16_codes(order, rows);
+    // The AVX2 panels read them too (every layout without AVX-VNNI).
+    let int16 = int16_codes(order, rows) || (!rows && panel::reads_int16(m));
     qa.fill(x, t, m.cols, col_field(m), order, p.split(), int16);
     if matches!(m.dtype, DType::Vbit | DType::VbitRo) {
         qa.fill_group_sums();

@@ -29,10 +29,22 @@
 //! speculative verification).
 //!
 //! Without AVX-512 VNNI (an AVX2 CPU, or `CORTIQ_SIMD=avx2`) the `q4` and `q1t` products
-//! (from [`Q4_MIN_TOKENS`] and [`Q1T_MIN_TOKENS`] tokens) run in the same panels (`vbit`
-//! in int16 ones, below), packed with AVX2 ([`pack_grouped_avx2`]), 8 rows per
-//! vector and `vpmaddubsw` summing a group in int16 ([`tile_q4_avx2`]): the same exact
-//! group integers in the same order as the AVX-512 panels, so the same values.
+//! (from [`Q4_MIN_TOKENS`] and [`Q1T_MIN_TOKENS`] tokens) run in panels of 8 rows per
+//! vector that hold the codes as int16 ([`pack_i16_avx2`]), as `vbit`'s (below): one
+//! `vpmaddwd` multiplies a pair of columns of 8 rows by a token's int16 codes
+//! `k = 256·q + q₂`, both levels at once, four tokens per weight load
+//! ([`tile_i16_avx2`]). A group's integer `Σ c·k` is exact in int32 and in its f32
+//! conversion (`|Σ| ≤ 32·8·2¹⁵ < 2²⁴`), and it is the integer the AVX-512 panels form from
+//! the byte levels, multiply-added with the group's scale in the same order: the same
+//! values. These replaced byte panels summed by `vpmaddubsw` per level, which took the
+//! multiplies twice and a widening tail per group, one token per weight load, and spilled
+//! their int16 sums: in cache on one core (criterion `matvec`, 64 tokens) 0.80–0.88 of
+//! the time for `q4_block` at 4864×896 and 896×4864, `q1t` 0.82, `q4tp` 0.87; 64-token
+//! prefill at `avx2`, paired, Qwen2.5-Coder-0.5B `q4_block` 1.19×, `q1t` 1.18×,
+//! SmolLM2-135M `q4_block` 1.03×, `q1t` 0.99× (its 576-column panels gain less than their
+//! doubled packing costs; Zen 4 VM). With AVX-VNNI the grouped layouts but `vbit` keep byte
+//! panels ([`pack_grouped_avx2`], [`tile_q4_avx_vnni`]): there one `vpdpbusd` sums four
+//! columns of a level, as many instructions as the int16 panels take.
 //!
 //! `vbit` rows are packed the same way, their codes `L − u` (up to 8 bits, `|c| ≤ 128`)
 //! unpacked once per product instead of once per 4 tokens (in the row kernels, SmolLM2's
@@ -204,18 +216,24 @@ pub(super) fn applies_to(m: &Matrix, split: bool, t: usize) -> Option<Family> {
     (simd && t >= min_tokens && split && m.cols <= MAX_COLS).then_some(fam)
 }
 
-/// Whether `m`'s products run in the AVX2 panels ([`tile_q4_avx2`]; for `vbit`
-/// [`tile_i16_avx2`], for `q8` [`tile_q8_avx2`]): on a CPU (or a forced level) without
-/// AVX-512 VNNI.
+/// Whether `m`'s products run in the AVX2 panels ([`tile_i16_avx2`], with AVX-VNNI
+/// [`tile_q4_avx_vnni`] for the grouped layouts but `vbit`; for `q8` [`tile_q8_avx2`]): on
+/// a CPU (or a forced level) without AVX-512 VNNI.
 fn avx2_takes(m: &Matrix) -> bool {
     cfg!(target_arch = "x86_64") && m.kernel() != Kernel::Scalar && !m.kernel().has_vnni()
 }
 
 /// Whether `fam`'s panels hold int16 codes and take the tokens' int16 codes
-/// (`QToken::k`, read in place): `vbit` and `q8` on AVX2, whose codes of up to 8 bits would saturate
+/// (`QToken::k`, read in place): every layout on AVX2 without AVX-VNNI (see the module
+/// comment), and with it `vbit` and `q8`, whose codes of up to 8 bits would saturate
 /// `vpmaddubsw`'s pairs.
-fn int16_panels(fam: Family, avx2: bool) -> bool {
-    avx2 && matches!(fam, Family::Q8 | Family::Grouped(Grouped::Vbit))
+fn int16_panels(fam: Family, avx2: bool, vnni: bool) -> bool {
+    avx2 && (!vnni || matches!(fam, Family::Q8 | Family::Grouped(Grouped::Vbit)))
+}
+
+/// Whether `m`'s panels (when they take its product) read the tokens' int16 codes.
+pub(super) fn reads_int16(m: &Matrix) -> bool {
+    family(m).is_some_and(|f| int16_panels(f, avx2_takes(m), m.kernel() == Kernel::AvxVnni))
 }
 
 /// `y[j, i] = post_r · d_j · Σ_c w[r, c]·k[j, c]` for the output rows `r` of `sel` (or all),
@@ -244,11 +262,13 @@ pub(super) fn matmul(
             Err(_) => &mut own,
         };
         let avx2 = avx2_takes(m);
-        if int16_panels(fam, avx2) {
+        let int16 = int16_panels(fam, avx2, m.kernel() == Kernel::AvxVnni);
+        if int16 {
             // The int16 tiles read each token's codes where they are: a token's codes are
             // whole groups of 32, zero past `cols`, so they cover the `4·c4` columns.
+            let (k, per) = qa.codes16();
             assert!(
-                (0..t).all(|j| qa.token(j).k.len() >= 4 * c4),
+                per >= 4 * c4 && k.len() >= t * per,
                 "the AVX2 int16 panels take int16 codes"
             );
             u.clear();
@@ -276,6 +296,7 @@ pub(super) fn matmul(
             fam,
             avx2,
             avx_vnni: m.kernel() == Kernel::AvxVnni,
+            int16,
             c4,
             qa,
             u,
@@ -308,13 +329,13 @@ pub(super) fn matmul(
                         overlay_panel_at(avx2, &job, p * PANEL, toks, corr)
                     })
                 };
-                let panel_words = panel_len(fam, c4, avx2);
+                let panel_words = panel_len(fam, c4, avx2, int16);
                 if t <= tok_block {
                     // One pass: pack a panel, run every token through it; while it
                     // runs, the next panel's rows are fetched from memory.
                     buf.resize(panel_words, 0);
                     for p in panels.clone() {
-                        pack(m, fam, bytes, sel, p * PANEL, n, c4, avx2, buf);
+                        pack(m, fam, bytes, sel, p * PANEL, n, c4, avx2, int16, buf);
                         let next = (p + 1 < panels.end && fam == Family::Q8 && !avx2)
                             .then(|| panel_rows(g, bytes, sel, (p + 1) * PANEL, n));
                         let corr = overlay(p, 0..t, corr).then_some(&corr[..]);
@@ -328,7 +349,7 @@ pub(super) fn matmul(
                 }
                 buf.resize(panels.len() * panel_words, 0);
                 for (p, chunk) in panels.clone().zip(buf.chunks_exact_mut(panel_words)) {
-                    pack(m, fam, bytes, sel, p * PANEL, n, c4, avx2, chunk);
+                    pack(m, fam, bytes, sel, p * PANEL, n, c4, avx2, int16, chunk);
                 }
                 for j0 in (0..t).step_by(tok_block) {
                     let toks = j0..(j0 + tok_block).min(t);
@@ -696,11 +717,11 @@ fn panel_rows<'a>(
 /// group's scale. `vbit` on AVX2: the codes as int16 (two per word), then per group and
 /// row the scale ([`pack_i16_avx2`]); `q8` on AVX2: the codes as int16, then per row the
 /// scale ([`pack_q8_avx2`]).
-fn panel_len(fam: Family, c4: usize, avx2: bool) -> usize {
+fn panel_len(fam: Family, c4: usize, avx2: bool, int16: bool) -> usize {
     match fam {
         Family::Q8 if avx2 => 2 * c4 * PANEL + PANEL,
         Family::Q8 => c4 * PANEL + 2 * PANEL,
-        Family::Grouped(Grouped::Vbit) if avx2 => 2 * c4 * PANEL + (c4 / 8) * PANEL,
+        Family::Grouped(_) if int16 => 2 * c4 * PANEL + (c4 / 8) * PANEL,
         Family::Grouped(_) => c4.next_multiple_of(16) * PANEL + 2 * (c4 / 8) * PANEL,
     }
 }
@@ -768,6 +789,7 @@ fn pack(
     n: usize,
     c4: usize,
     avx2: bool,
+    int16: bool,
     dst: &mut [u32],
 ) {
     let g = m.geom();
@@ -787,8 +809,10 @@ fn pack(
             let rs = part_rows::<8>(sel, k0 + 8 * oct, live);
             // SAFETY: the AVX2 panels run only where AVX2 is present (`avx2_takes`).
             unsafe {
-                if kind == Grouped::Vbit {
-                    pack_i16_avx2(&vbit_rows::<8>(m, bytes, rs), live, oct, c4, dst);
+                if int16 {
+                    with_grouped_rows!(kind, 8, m, g, bytes, rs, |rows| {
+                        pack_i16_avx2(rows, live, oct, c4, dst)
+                    });
                     continue;
                 }
                 with_grouped_rows!(kind, 8, m, g, bytes, rs, |rows| {
@@ -920,7 +944,7 @@ unsafe fn pack_avx512(
 unsafe fn pack_q4<D: IntRowsSimd>(d: &D, live: usize, half: usize, c4: usize, dst: &mut [u32]) {
     let groups = c4 / 8;
     let c4p = c4.next_multiple_of(16);
-    assert!(dst.len() == panel_len(Family::Grouped(Grouped::Q4Block), c4, false));
+    assert!(dst.len() == panel_len(Family::Grouped(Grouped::Q4Block), c4, false, false));
     let (codes, tail) = dst.split_at_mut(c4p * PANEL);
     let (corr, scales) = tail.split_at_mut(groups * PANEL);
     if D::NIBBLE_PAIRS {
@@ -1172,7 +1196,9 @@ unsafe fn pack_grouped_avx2<D: IntRowsSimd>(
     dst: &mut [u32],
 ) {
     let groups = c4 / 8;
-    assert!(dst.len() == panel_len(Family::Grouped(Grouped::Q4Block), c4, true) && live <= 8);
+    assert!(
+        dst.len() == panel_len(Family::Grouped(Grouped::Q4Block), c4, true, false) && live <= 8
+    );
     let (codes, tail) = dst.split_at_mut(c4.next_multiple_of(16) * PANEL);
     let (corr, scales) = tail.split_at_mut(groups * PANEL);
     let bias = _mm256_set1_epi8(D::CODE_OFFSET as i8);
@@ -1294,7 +1320,7 @@ unsafe fn transpose8(r: &[__m256i; 8]) -> [__m256i; 8] {
     })
 }
 
-/// Rows `8·oct ..` (`live` of them real) of a `vbit` panel for AVX2 ([`tile_i16_avx2`]):
+/// Rows `8·oct ..` (`live` of them real) of an int16 panel for AVX2 ([`tile_i16_avx2`]):
 /// per group, each row's 32 codes widened to int16 ([`IntRowsSimd::load_i16`]: 16 words
 /// of two codes), transposed 8 × 8 words in two halves, then per group and row the scale.
 /// Each row's group asks L2 for the rows ahead ([`IntRowsSimd::prefetch_pack`], as
@@ -1314,13 +1340,15 @@ unsafe fn pack_i16_avx2<D: IntRowsSimd>(
     dst: &mut [u32],
 ) {
     let groups = c4 / 8;
-    assert!(dst.len() == panel_len(Family::Grouped(Grouped::Vbit), c4, true) && live <= 8);
+    assert!(dst.len() == panel_len(Family::Grouped(Grouped::Vbit), c4, true, true) && live <= 8);
     let (codes, scales) = dst.split_at_mut(2 * c4 * PANEL);
     for g in 0..groups {
         let mut r = [[_mm256_setzero_si256(); 8]; 2];
         for i in 0..live {
             d.prefetch_pack(i, g);
-            let [lo, hi] = d.load_i16(i, g);
+            // Signed codes: the `q4` nibbles less their offset 8.
+            let off = _mm256_set1_epi16(D::CODE_OFFSET as i16);
+            let [lo, hi] = d.load_i16(i, g).map(|c| _mm256_sub_epi16(c, off));
             (r[0][i], r[1][i]) = (lo, hi);
         }
         for (h, r) in r.iter().enumerate() {
@@ -1447,6 +1475,8 @@ struct PanelJob<'a> {
     avx2: bool,
     /// ... and with AVX-VNNI ([`Kernel::AvxVnni`]).
     avx_vnni: bool,
+    /// The panels hold int16 codes ([`int16_panels`]).
+    int16: bool,
     c4: usize,
     qa: &'a QuantizedActs,
     u: &'a [u32],
@@ -1514,9 +1544,10 @@ unsafe fn panel_tokens_avx_vnni(
 }
 
 /// Tokens `toks` against one packed panel on AVX2: `q8` four at a time ([`tile_q8_avx2`]),
-/// `vbit` four at a time too ([`tile_i16_avx2`]), the other grouped layouts one at a time over
-/// the panel's 32 rows ([`tile_q4_avx2`]). With `VNNI`, each byte or int16 multiply-add
-/// is one AVX-VNNI instruction (compiled inside [`panel_tokens_avx_vnni`]'s features).
+/// the grouped layouts in int16 panels four at a time too ([`tile_i16_avx2`]), or with
+/// AVX-VNNI in byte panels one at a time over the panel's 32 rows ([`tile_q4_avx_vnni`]).
+/// With `VNNI`, each byte or int16 multiply-add is one AVX-VNNI instruction (compiled
+/// inside [`panel_tokens_avx_vnni`]'s features).
 ///
 /// # Safety
 /// AVX2 + FMA, and AVX-VNNI with `VNNI`; otherwise as [`panel_tokens`].
@@ -1539,7 +1570,8 @@ unsafe fn panel_tokens_avx2<const VNNI: bool>(
         out,
         ..
     } = *job;
-    if !int16_panels(fam, true) {
+    if !job.int16 {
+        assert!(VNNI, "without AVX-VNNI every AVX2 panel holds int16 codes");
         for j in toks.clone() {
             let c = corr.map(|c| &c[(j - toks.start) * PANEL..]);
             let at = TileAt {
@@ -1549,7 +1581,7 @@ unsafe fn panel_tokens_avx2<const VNNI: bool>(
                 n,
                 out,
             };
-            tile_q4_avx2::<VNNI>(panel, c4, u, d, at, c);
+            tile_q4_avx_vnni(panel, c4, u, d, at, c);
         }
         return;
     }
@@ -1565,15 +1597,16 @@ unsafe fn panel_tokens_avx2<const VNNI: bool>(
                 n,
                 out,
             };
+            let c = corr.map(|c| &c[(j - toks.start) * PANEL..]);
             match (fam, left) {
                 (Family::Q8, 4) => tile_q8_avx2::<4, VNNI>(panel, c4, qa, d, at),
                 (Family::Q8, 3) => tile_q8_avx2::<3, VNNI>(panel, c4, qa, d, at),
                 (Family::Q8, 2) => tile_q8_avx2::<2, VNNI>(panel, c4, qa, d, at),
                 (Family::Q8, _) => tile_q8_avx2::<1, VNNI>(panel, c4, qa, d, at),
-                (_, 4) => tile_i16_avx2::<4, VNNI>(panel, c4, qa, d, at),
-                (_, 3) => tile_i16_avx2::<3, VNNI>(panel, c4, qa, d, at),
-                (_, 2) => tile_i16_avx2::<2, VNNI>(panel, c4, qa, d, at),
-                (_, _) => tile_i16_avx2::<1, VNNI>(panel, c4, qa, d, at),
+                (_, 4) => tile_i16_avx2::<4, VNNI>(panel, c4, qa, d, at, c),
+                (_, 3) => tile_i16_avx2::<3, VNNI>(panel, c4, qa, d, at, c),
+                (_, 2) => tile_i16_avx2::<2, VNNI>(panel, c4, qa, d, at, c),
+                (_, _) => tile_i16_avx2::<1, VNNI>(panel, c4, qa, d, at, c),
             }
         }
         j += left;
@@ -1784,28 +1817,18 @@ unsafe fn tile_q4<const T: usize>(
     }
 }
 
-/// The AVX2 form of [`tile_q4`]: one token `j0` against all 32 rows of a `q4` panel (its
-/// four 8-row vectors). 8 int16 and 4 f32 accumulators, a weight vector and two broadcasts
-/// fit the 16 registers. Two vectors × two tokens (the same work per weight load) spilled
-/// accumulators to the stack in the inner loop and ran slower: Qwen2.5-Coder-0.5B
-/// `q4_block`, 256-token prefill on Zen 2, 131–135 tok/s against 152–156; one token × two
-/// vectors 143–147. AVX2 has no `vpdpbusd`: `vpmaddubsw` multiplies the unsigned
-/// activation bytes (`q + 128`, broadcast) by the signed codes (`|c| ≤ 8`) into pairs of
-/// at most `2·255·8 = 4080`, and a group's 8 steps add up in int16 (at most 32640, no
-/// saturation) before `vpmaddwd` widens them; then `D = 256·A + B − 32896·Σw`, the same
-/// exact group integer as the AVX-512 panels', converted and multiply-added with the
-/// group's scale, in the same order: the values equal [`tile_q4`]'s bit for bit.
-///
-/// With `VNNI` one `vpdpbusd` (AVX-VNNI) per vector and level replaces the `vpmaddubsw`
-/// and its add, summing in int32 from the start (the low level from the stored offset, as
-/// [`tile_q4`] does): the same exact group integers, so the same values, with a third
-/// fewer vector operations in the loop (measured in the module comment).
+/// The AVX-VNNI form of [`tile_q4`]: one token `j0` against all 32 rows of a byte panel
+/// (its four 8-row vectors): per vector and level one `vpdpbusd` on 256 bits, summing in
+/// int32 from the start (the low level from the stored offset, as [`tile_q4`] does), the
+/// same exact group integers converted and multiply-added with the group's scale in the
+/// same order: the values equal [`tile_q4`]'s bit for bit. (Without AVX-VNNI the grouped
+/// layouts run in int16 panels, [`int16_panels`].)
 ///
 /// # Safety
-/// AVX2 + FMA, and AVX-VNNI with `VNNI`; otherwise as [`tile_q4`], with `at.half == 0`.
+/// AVX2 + FMA + AVX-VNNI; otherwise as [`tile_q4`], with `at.half == 0`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn tile_q4_avx2<const VNNI: bool>(
+unsafe fn tile_q4_avx_vnni(
     panel: &[u32],
     c4: usize,
     u: &[u32],
@@ -1824,39 +1847,24 @@ unsafe fn tile_q4_avx2<const VNNI: bool>(
     let corr = panel.as_ptr().add(c4.next_multiple_of(16) * PANEL);
     let scales = corr.add(groups * PANEL) as *const f32;
     let up = u.as_ptr().add(at.j0 * 2 * c4);
-    let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); 1]; V];
     for g in 0..groups {
-        // The stored offset `−32896·Σw` of row vector `v`.
-        let cv = |v: usize| _mm256_loadu_si256(corr.add(g * PANEL + 8 * v) as *const _);
-        // int16 pair sums without VNNI (the offset added once widened), int32 with.
+        // The high level from zero, the low one from the stored offset `−32896·Σw`.
         let mut a = [_mm256_setzero_si256(); V];
-        let mut b = if VNNI { std::array::from_fn(cv) } else { a };
+        let mut b: [__m256i; V] =
+            std::array::from_fn(|v| _mm256_loadu_si256(corr.add(g * PANEL + 8 * v) as *const _));
         for c in 8 * g..8 * g + 8 {
             let hi = _mm256_set1_epi32(*up.add(2 * c) as i32);
             let lo = _mm256_set1_epi32(*up.add(2 * c + 1) as i32);
             for (v, (a, b)) in a.iter_mut().zip(&mut b).enumerate() {
                 let wv = _mm256_loadu_si256(w.add(c * PANEL + 8 * v) as *const _);
-                if VNNI {
-                    *a = _mm256_dpbusd_avx_epi32(*a, hi, wv);
-                    *b = _mm256_dpbusd_avx_epi32(*b, lo, wv);
-                } else {
-                    *a = _mm256_add_epi16(*a, _mm256_maddubs_epi16(hi, wv));
-                    *b = _mm256_add_epi16(*b, _mm256_maddubs_epi16(lo, wv));
-                }
+                *a = _mm256_dpbusd_avx_epi32(*a, hi, wv);
+                *b = _mm256_dpbusd_avx_epi32(*b, lo, wv);
             }
         }
         for (v, acc) in acc.iter_mut().enumerate() {
             let sv = _mm256_loadu_ps(scales.add(g * PANEL + 8 * v));
-            let (hi, lo) = if VNNI {
-                (a[v], b[v])
-            } else {
-                (
-                    _mm256_madd_epi16(a[v], ones),
-                    _mm256_add_epi32(_mm256_madd_epi16(b[v], ones), cv(v)),
-                )
-            };
-            let dot = _mm256_add_epi32(_mm256_slli_epi32::<8>(hi), lo);
+            let dot = _mm256_add_epi32(_mm256_slli_epi32::<8>(a[v]), b[v]);
             acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sv, acc[0]);
         }
     }
@@ -1887,16 +1895,26 @@ unsafe fn store_tile_avx2<const T: usize, const V: usize>(
     } = at;
     for q in 0..T {
         let mut r = [0f32; PANEL];
+        let at = (j0 + q) * n + k0 + 8 * V * half;
+        // A whole tile stores straight into the outputs; a partial one through `r` (a
+        // `memcpy` call per tile and token was 2–4% of a 64-token prefill).
+        let whole = rows == 8 * V;
+        let dst = if whole {
+            out.slice_ptr(at, rows)
+        } else {
+            r.as_mut_ptr()
+        };
         for v in 0..V {
             let mut x = _mm256_mul_ps(acc[v][q], _mm256_set1_ps(d[j0 + q]));
             if let Some(c) = overlay {
                 let at = q * PANEL + 8 * V * half + 8 * v;
                 x = _mm256_add_ps(x, _mm256_loadu_ps(c[at..at + 8].as_ptr()));
             }
-            _mm256_storeu_ps(r[8 * v..].as_mut_ptr(), x);
+            _mm256_storeu_ps(dst.add(8 * v), x);
         }
-        let at = (j0 + q) * n + k0 + 8 * V * half;
-        std::ptr::copy_nonoverlapping(r.as_ptr(), out.slice_ptr(at, rows), rows);
+        if !whole {
+            std::ptr::copy_nonoverlapping(r.as_ptr(), out.slice_ptr(at, rows), rows);
+        }
     }
 }
 
@@ -1926,14 +1944,14 @@ impl TileAt<'_> {
     }
 }
 
-/// Rows `16·half ..` of a `vbit` panel for AVX2 ([`pack_i16_avx2`]) × `T` tokens from `j0`:
-/// per pair of columns one `vpmaddwd` of the rows' int16 codes by the token's int16
-/// activation codes `k = 256·q + q₂` (two of them broadcast), added in int32. A group's sum
-/// `Σ c·k` is exact (|c| ≤ 128: at most 32·128·32639 < 2³¹), and it is the integer the
-/// AVX-512 panels form from both byte levels; its conversion to f32 may round once
-/// (above 2²⁴), as there. Then one multiply-add with the group's scale per group, and the
-/// token's scale at the end: the values of the AVX-512 `vbit` panels, within their f32
-/// bound.
+/// Rows `16·half ..` of a grouped int16 panel for AVX2 ([`pack_i16_avx2`]) × `T` tokens
+/// from `j0`: per pair of columns one `vpmaddwd` of the rows' int16 codes by the token's
+/// int16 activation codes `k = 256·q + q₂` (two of them broadcast), added in int32. A
+/// group's sum `Σ c·k` is exact (|c| ≤ 128: at most 32·128·32639 < 2³¹), and it is the
+/// integer the AVX-512 panels form from both byte levels; its conversion to f32 may round
+/// once (above 2²⁴: `vbit`'s codes only), as there. Then one multiply-add with the group's
+/// scale per group, the token's scale at the end and (`q1t`) the overlay's corrections:
+/// the values of the AVX-512 panels (within their f32 bound for `vbit`).
 ///
 /// # Safety
 /// AVX2 + FMA; `panel` one [`panel_len`] panel, `qa` tokens with int16 codes over `4·c4`
@@ -1947,6 +1965,7 @@ unsafe fn tile_i16_avx2<const T: usize, const VNNI: bool>(
     qa: &QuantizedActs,
     d: &[f32],
     at: TileAt,
+    overlay: Option<&[f32]>,
 ) {
     let Some((w, scales, kp)) = int16_tile::<T>(panel, c4, qa, &at) else {
         return;
@@ -1965,7 +1984,7 @@ unsafe fn tile_i16_avx2<const T: usize, const VNNI: bool>(
             }
         }
     }
-    store_tile_avx2(&acc, d, at, None, at.rows());
+    store_tile_avx2(&acc, d, at, overlay, at.rows());
 }
 
 /// What an int16 tile ([`tile_i16_avx2`], [`tile_q8_avx2`]) reads: its half of the panel's
@@ -1989,7 +2008,9 @@ unsafe fn int16_tile<const T: usize>(
     }
     let w = panel.as_ptr().add(16 * at.half);
     let scales = panel.as_ptr().add(2 * c4 * PANEL + 16 * at.half) as *const f32;
-    let kp = std::array::from_fn(|q| qa.token(at.j0 + q).k.as_ptr() as *const u32);
+    // In bounds: `matmul` checked that every token has its codes.
+    let (k, per) = qa.codes16();
+    let kp = std::array::from_fn(|q| k.as_ptr().add((at.j0 + q) * per) as *const u32);
     Some((w, scales, kp))
 }
 
