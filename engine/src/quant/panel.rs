@@ -40,9 +40,9 @@
 //! multiplies twice and a widening tail per group, one token per weight load, and spilled
 //! their int16 sums: in cache on one core (criterion `matvec`, 64 tokens) 0.80–0.88 of
 //! the time for `q4_block` at 4864×896 and 896×4864, `q1t` 0.82, `q4tp` 0.87; 64-token
-//! prefill at `avx2`, paired, Qwen2.5-Coder-0.5B `q4_block` 1.19×, `q1t` 1.18×,
-//! SmolLM2-135M `q4_block` 1.03×, `q1t` 0.99× (its 576-column panels gain less than their
-//! doubled packing costs; Zen 4 VM). With AVX-VNNI the grouped layouts but `vbit` keep byte
+//! prefill at `avx2`, paired, Qwen2.5-Coder-0.5B 1.18–1.25× (`q4_block`, `q4_tiled`,
+//! `q4tp`, `q1t`), SmolLM2-135M 0.99–1.09× (its 576-column panels gain least against
+//! their doubled packing); 512 tokens, `q4_block`, 1.23× and 1.29× (Zen 4 VM). With AVX-VNNI the grouped layouts but `vbit` keep byte
 //! panels ([`pack_grouped_avx2`], [`tile_q4_avx_vnni`]): there one `vpdpbusd` sums four
 //! columns of a level, as many instructions as the int16 panels take.
 //!
