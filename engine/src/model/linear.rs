@@ -176,17 +176,14 @@ impl Linear {
         })
     }
 
-    /// Lets the OS drop the mapped pages of this matrix's payload (and its skills'
-    /// replacements') where the matrix holds it in another form ([`Matrix::payload_unread`]):
-    /// the process need not hold both. Called once the whole model is loaded (as well as
-    /// at each matrix's load): a 2 MiB page of the mapping shared with a tensor read later
-    /// is mapped back whole.
+    /// Lets the OS drop the mapped pages of this matrix's payload where the matrix holds it
+    /// in another form ([`Matrix::payload_unread`]): the process need not hold both. (A
+    /// skill's replacements are cold, [`Matrix::new_cold`], and read in place.) Called once
+    /// the whole model is loaded (as well as at each matrix's load): a 2 MiB page of the
+    /// mapping shared with a tensor read later is mapped back whole.
     pub fn release_unread(&self) {
         if self.m.payload_unread() {
             self.file.shards[self.shard].release_pages(self.range.clone());
-        }
-        for a in self.alts.iter().filter(|a| a.m.payload_unread()) {
-            self.file.shards[a.shard].release_pages(a.range.clone());
         }
     }
 

@@ -42,9 +42,10 @@
 //! the time for `q4_block` at 4864×896 and 896×4864, `q1t` 0.82, `q4tp` 0.87; 64-token
 //! prefill at `avx2`, paired, Qwen2.5-Coder-0.5B 1.18–1.25× (`q4_block`, `q4_tiled`,
 //! `q4tp`, `q1t`), SmolLM2-135M 0.99–1.09× (its 576-column panels gain least against
-//! their doubled packing); 512 tokens, `q4_block`, 1.23× and 1.29× (Zen 4 VM). With AVX-VNNI the grouped layouts but `vbit` keep byte
-//! panels ([`pack_grouped_avx2`], [`tile_q4_avx_vnni`]): there one `vpdpbusd` sums four
-//! columns of a level, as many instructions as the int16 panels take.
+//! their doubled packing); 512 tokens, `q4_block`, 1.23× and 1.29× (Zen 4 VM). With
+//! AVX-VNNI the grouped layouts but `vbit` keep byte panels ([`pack_grouped_avx2`],
+//! [`tile_q4_avx_vnni`]): there one `vpdpbusd` sums four columns of a level, as many
+//! instructions as the int16 panels take.
 //!
 //! `vbit` rows are packed the same way, their codes `L − u` (up to 8 bits, `|c| ≤ 128`)
 //! unpacked once per product instead of once per 4 tokens (in the row kernels, SmolLM2's
@@ -261,8 +262,8 @@ pub(super) fn matmul(
             Ok(ud) => ud,
             Err(_) => &mut own,
         };
-        let avx2 = avx2_takes(m);
-        let int16 = int16_panels(fam, avx2, m.kernel() == Kernel::AvxVnni);
+        let (avx2, avx_vnni) = (avx2_takes(m), m.kernel() == Kernel::AvxVnni);
+        let int16 = int16_panels(fam, avx2, avx_vnni);
         if int16 {
             // The int16 tiles read each token's codes where they are: a token's codes are
             // whole groups of 32, zero past `cols`, so they cover the `4·c4` columns.
@@ -295,7 +296,7 @@ pub(super) fn matmul(
         let job = PanelJob {
             fam,
             avx2,
-            avx_vnni: m.kernel() == Kernel::AvxVnni,
+            avx_vnni,
             int16,
             c4,
             qa,
@@ -1342,12 +1343,12 @@ unsafe fn pack_i16_avx2<D: IntRowsSimd>(
     let groups = c4 / 8;
     assert!(dst.len() == panel_len(Family::Grouped(Grouped::Vbit), c4, true, true) && live <= 8);
     let (codes, scales) = dst.split_at_mut(2 * c4 * PANEL);
+    // Signed codes: the `q4` nibbles less their offset 8.
+    let off = _mm256_set1_epi16(D::CODE_OFFSET as i16);
     for g in 0..groups {
         let mut r = [[_mm256_setzero_si256(); 8]; 2];
         for i in 0..live {
             d.prefetch_pack(i, g);
-            // Signed codes: the `q4` nibbles less their offset 8.
-            let off = _mm256_set1_epi16(D::CODE_OFFSET as i16);
             let [lo, hi] = d.load_i16(i, g).map(|c| _mm256_sub_epi16(c, off));
             (r[0][i], r[1][i]) = (lo, hi);
         }

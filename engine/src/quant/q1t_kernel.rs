@@ -1130,19 +1130,33 @@ mod simd {
         let scale = _mm512_permutex2var_epi8(za, ld512(&DM_PAIR_SCALE), zb);
         let scales = _mm512_cvtph_ps(_mm512_castsi512_si256(scale));
         let us = dm_digits(k, code);
+        let [a, b] = &mut acc[..] else {
+            unreachable!("two rows")
+        };
+        pair_tokens::<5, T, SPLIT>(&us, scales, step, toks, [a, b]);
+    }
+
+    /// Both rows' units `us` of a paired tail step (the first row's in lanes 0..8 of each
+    /// dot, the second's in 8..16) against every token, its planes copied into both halves,
+    /// into the rows' accumulators ([`pair_accumulate`]).
+    #[inline(always)]
+    unsafe fn pair_tokens<const P: usize, const T: usize, const SPLIT: bool>(
+        us: &[__m512i; P],
+        scales: __m512,
+        step: usize,
+        toks: &[DmTok; T],
+        [a, b]: [&mut [__m512; T]; 2],
+    ) {
         for (q, tk) in toks.iter().enumerate() {
-            let planes = dup_planes(dm_planes::<5>(tk, 0, step));
+            let planes = dup_planes(dm_planes::<P>(tk, 0, step));
             let planes2 = if SPLIT {
-                dup_planes(dm_planes::<5>(tk, 1, step))
+                dup_planes(dm_planes::<P>(tk, 1, step))
             } else {
                 planes
             };
             let d = _mm512_loadu_ps(tk.d.add(step * DM_LANES));
             let d = _mm512_shuffle_f32x4::<0b01_00_01_00>(d, d);
-            let dot = split_dot::<_, SPLIT>(&us, &planes, &planes2);
-            let [a, b] = &mut acc[..] else {
-                unreachable!("two rows")
-            };
+            let dot = split_dot::<P, SPLIT>(us, &planes, &planes2);
             pair_accumulate(dot, scales, d, (&mut a[q], &mut b[q]));
         }
     }
@@ -1516,18 +1530,7 @@ mod simd {
         let sb = _mm_maskz_loadu_epi16(ms, ps[1].1 as *const i16);
         let s8 = _mm256_cvtph_ps(_mm_unpacklo_epi64(sa, sb));
         let scales = _mm512_permutexvar_ps(ld512(&PL_DUP), _mm512_castps256_ps512(s8));
-        for (q, tk) in toks.iter().enumerate() {
-            let planes = dup_planes(dm_planes::<4>(tk, 0, step));
-            let planes2 = if SPLIT {
-                dup_planes(dm_planes::<4>(tk, 1, step))
-            } else {
-                planes
-            };
-            let d = _mm512_loadu_ps(tk.d.add(step * DM_LANES));
-            let d = _mm512_shuffle_f32x4::<0b01_00_01_00>(d, d);
-            let dot = split_dot::<_, SPLIT>(&us, &planes, &planes2);
-            pair_accumulate(dot, scales, d, (&mut a0[q], &mut a1[q]));
-        }
+        pair_tokens::<4, T, SPLIT>(&us, scales, step, toks, [a0, a1]);
     }
 
     /// Row `(words, scales)` at step `s`, its stream prefetched [`PLANES_AHEAD`] on.
