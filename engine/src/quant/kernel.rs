@@ -1363,6 +1363,17 @@ pub(crate) trait IntRowsSimd: IntRowsScalar {
         self.group_scale(i, blk)
     }
 
+    /// Group `blk`'s scales of rows 0–7 ([`IntRowsSimd::group_scale_simd`] each), for the
+    /// AVX2 int16 packer; layouts with plain f16 scales convert all eight at once.
+    ///
+    /// # Safety
+    /// As [`IntRowsSimd::load_u8`] for rows 0–7 (the rows hold at least 8).
+    #[inline(always)]
+    unsafe fn group_scales8(&self, blk: usize) -> __m256 {
+        let s: [f32; 8] = std::array::from_fn(|i| self.group_scale_simd(i, blk));
+        _mm256_loadu_ps(s.as_ptr())
+    }
+
     /// The rows bring their own kernel of the two-level AVX-512 VNNI products, a row at a
     /// time ([`IntRowsSimd::row_dot_vnni`]), which [`int_body512`] runs instead of its loop.
     const ROW_DOT_VNNI: bool = false;

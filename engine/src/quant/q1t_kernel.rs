@@ -623,6 +623,14 @@ mod simd {
             h2f(le16(self.tile(i, blk), 0))
         }
 
+        /// The eight tiles' f16 scales gathered into one vector, one conversion.
+        #[inline(always)]
+        unsafe fn group_scales8(&self, blk: usize) -> __m256 {
+            debug_assert!(R >= 8);
+            let b: [u16; 8] = std::array::from_fn(|i| le16(self.tile(i, blk), 0));
+            _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr() as *const __m128i))
+        }
+
         #[inline(always)]
         unsafe fn prefetch_next(&self, i: usize, blk: usize) {
             self.prefetch_ahead(i, blk)

@@ -938,6 +938,14 @@ mod simd {
             h2f(self.group_unchecked(i, blk).1)
         }
 
+        /// The eight f16 scales gathered into one vector, one conversion.
+        #[inline(always)]
+        unsafe fn group_scales8(&self, blk: usize) -> __m256 {
+            debug_assert!(R >= 8);
+            let b: [u16; 8] = std::array::from_fn(|i| self.group_unchecked(i, blk).1);
+            _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr() as *const __m128i))
+        }
+
         /// `q4_block`: a row's two groups are 32 contiguous bytes ([`nibble_pair_at`]);
         /// `q4_tiled`: two tiles are 36 ([`tile_pair_at`]).
         #[inline(always)]
