@@ -94,23 +94,17 @@ pub fn scores_group(
     #[cfg(target_arch = "x86_64")]
     if matches!(super::vmath::level(k), super::vmath::Level::Avx2) && g >= 2 {
         let t = &tiles[b0 * hd * KEY_TILE..b1 * hd * KEY_TILE];
-        // Heads in chunks of at most 4: `2·G` accumulators, two key vectors and a
-        // broadcast stay within AVX2's 16 registers.
-        let mut h0 = 0;
-        while h0 < g {
-            let c = (g - h0).min(4);
+        for (h0, c) in avx2_head_chunks(g) {
+            let f: GroupScores = match c {
+                2 => scores_group_avx2::<2>,
+                3 => scores_group_avx2::<3>,
+                4 => scores_group_avx2::<4>,
+                _ => scores_group_avx2::<1>,
+            };
             let (q, o) = (&qs[h0 * hd..(h0 + c) * hd], &mut out[h0 * stride..]);
             // SAFETY: AVX2 and FMA are present (`level` checked them); `q` holds `c`
             // queries and `o` `c` rows of `stride ≥ 16·n` (the lengths checked above).
-            unsafe {
-                match c {
-                    2 => scores_group_avx2::<2>(t, hd, q, n, o, stride),
-                    3 => scores_group_avx2::<3>(t, hd, q, n, o, stride),
-                    4 => scores_group_avx2::<4>(t, hd, q, n, o, stride),
-                    _ => scores_group_avx2::<1>(t, hd, q, n, o, stride),
-                }
-            }
-            h0 += c;
+            unsafe { f(t, hd, q, n, o, stride) };
         }
         return;
     }
@@ -127,9 +121,18 @@ pub fn scores_group(
     }
 }
 
-/// The signature of [`scores_group_avx512`]: tiles, head size, queries, tiles, out, stride.
+/// The signature of [`scores_group_avx512`] and [`scores_group_avx2`]: tiles, head size,
+/// queries, tiles, out, stride.
 #[cfg(target_arch = "x86_64")]
 type GroupScores = unsafe fn(&[f32], usize, &[f32], usize, &mut [f32], usize);
+
+/// The AVX2 group kernels' heads in chunks `(first, count)` of at most 4: their `2·G`
+/// accumulators, two key or value vectors and the broadcasts stay within AVX2's 16
+/// registers.
+#[cfg(target_arch = "x86_64")]
+fn avx2_head_chunks(g: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..g).step_by(4).map(move |h0| (h0, (g - h0).min(4)))
+}
 
 /// Two tiles at a time for `G` heads: `2·G` independent chains of multiply-adds, each
 /// the chain of [`scores_avx512`] for its (head, tile).
@@ -413,29 +416,22 @@ pub fn weighted_values_group(
     }
     #[cfg(target_arch = "x86_64")]
     if matches!(super::vmath::level(k), super::vmath::Level::Avx2) && g >= 2 {
-        // Heads in chunks of at most 4: `2·G` accumulators of 8 dimensions, the two
-        // keys' value vectors and two weights stay within AVX2's 16 registers.
-        let mut h0 = 0;
-        while h0 < g {
-            let c = (g - h0).min(4);
+        for (h0, c) in avx2_head_chunks(g) {
+            let f: GroupWeighted = match c {
+                2 => weighted_group_avx2::<2>,
+                3 => weighted_group_avx2::<3>,
+                4 => weighted_group_avx2::<4>,
+                _ => weighted_group_avx2::<1>,
+            };
             let part = GroupProbs {
                 p: &w.p[h0 * w.stride..],
                 stride: w.stride,
                 n,
                 invs: &w.invs[h0..h0 + c],
             };
-            let o = &mut outs[h0 * hd..(h0 + c) * hd];
             // SAFETY: AVX2 and FMA are present (`level` checked them); the lengths hold
             // as checked above for the whole group.
-            unsafe {
-                match c {
-                    2 => weighted_group_avx2::<2>(values, hd, &part, o),
-                    3 => weighted_group_avx2::<3>(values, hd, &part, o),
-                    4 => weighted_group_avx2::<4>(values, hd, &part, o),
-                    _ => weighted_group_avx2::<1>(values, hd, &part, o),
-                }
-            }
-            h0 += c;
+            unsafe { f(values, hd, &part, &mut outs[h0 * hd..(h0 + c) * hd]) };
         }
         return;
     }
@@ -445,7 +441,7 @@ pub fn weighted_values_group(
     }
 }
 
-/// The signature of [`weighted_group_avx512`].
+/// The signature of [`weighted_group_avx512`] and [`weighted_group_avx2`].
 #[cfg(target_arch = "x86_64")]
 type GroupWeighted = unsafe fn(&[f32], usize, &GroupProbs, &mut [f32]);
 

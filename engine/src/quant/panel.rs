@@ -281,9 +281,17 @@ pub(super) fn matmul(
         let (u, d) = (&*u, &*d);
         let out = Out::new(y);
         let tasks = n.div_ceil(PANEL);
-        // Tokens per pass over a task's panels: their activations stay in L2.
-        let tok_block =
-            ((192 << 10) / (8 * c4).max(1)).clamp(TILE_TOKENS, 240) / TILE_TOKENS * TILE_TOKENS;
+        // Tokens per pass over a task's panels: their activations stay in L2. The AVX2
+        // int16 tiles take them all in one pass: they read a token's codes once per 16
+        // rows, a fifth of what they read of the panel, so the panel is what must stay in
+        // cache. Packing every panel of a task first and the tokens in blocks wrote the
+        // packed panels out past L2 (Qwen2.5-Coder-0.5B's MLP: 1.1 MB a task) and read
+        // them back per block; one pass made its 512-token `q4_block` prefill 1.075× (Zen 3).
+        let tok_block = if int16 {
+            t
+        } else {
+            ((192 << 10) / (8 * c4).max(1)).clamp(TILE_TOKENS, 240) / TILE_TOKENS * TILE_TOKENS
+        };
         let parts = task_count(tasks, rayon::current_num_threads());
         // `q1t`: the activations column-major for the overlay.
         let ov = q1t_overlay(m).filter(|_| fam == Family::Grouped(Grouped::Q1t));
@@ -331,13 +339,7 @@ pub(super) fn matmul(
                     })
                 };
                 let panel_words = panel_len(fam, c4, avx2, int16);
-                // The AVX2 int16 tiles take one pass whatever `t`: they read a token's
-                // codes once per 16 rows, a fifth of what they read of the panel, so the
-                // panel is what must stay in cache. Packing every panel of a task first
-                // and the tokens in blocks of `tok_block` wrote the packed panels out past
-                // L2 (Qwen2.5-Coder-0.5B's MLP: 1.1 MB a task) and read them back per
-                // block; one pass made its 512-token `q4_block` prefill 1.075× (Zen 3).
-                if t <= tok_block || int16 {
+                if t <= tok_block {
                     // One pass: pack a panel, run every token through it; while it
                     // runs, the next panel's rows are fetched from memory.
                     buf.resize(panel_words, 0);

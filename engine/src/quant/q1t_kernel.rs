@@ -431,7 +431,7 @@ mod simd {
     //! (AVX-512 VBMI + VNNI).
 
     use super::*;
-    use crate::quant::kernel::{h2f, IntRowsSimd, RowsAvx2, RowsAvx512};
+    use crate::quant::kernel::{h2f, h2f8, IntRowsSimd, RowsAvx2, RowsAvx512};
 
     /// Byte shuffles and multipliers that put the code byte of element `σ(q)` in 16-bit
     /// word `q` (a 128-bit lane holds a copy of the tile, so word `q` of lane `q / 8` reads
@@ -627,8 +627,7 @@ mod simd {
         #[inline(always)]
         unsafe fn group_scales8(&self, blk: usize) -> __m256 {
             debug_assert!(R >= 8);
-            let b: [u16; 8] = std::array::from_fn(|i| le16(self.tile(i, blk), 0));
-            _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr() as *const __m128i))
+            h2f8(std::array::from_fn(|i| le16(self.tile(i, blk), 0)))
         }
 
         #[inline(always)]

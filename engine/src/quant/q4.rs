@@ -787,7 +787,7 @@ impl<const R: usize> IntRowsScalar for Q4tpRows<'_, R> {
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::super::kernel::{
-        h2f, pair_vector, prefetch_ahead, IntRowsSimd, RowsAvx2, RowsAvx512,
+        h2f, h2f8, pair_vector, prefetch_ahead, IntRowsSimd, RowsAvx2, RowsAvx512,
     };
     use super::{Q4Rows, Q4tpRows};
     use std::arch::x86_64::*;
@@ -942,8 +942,7 @@ mod simd {
         #[inline(always)]
         unsafe fn group_scales8(&self, blk: usize) -> __m256 {
             debug_assert!(R >= 8);
-            let b: [u16; 8] = std::array::from_fn(|i| self.group_unchecked(i, blk).1);
-            _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr() as *const __m128i))
+            h2f8(std::array::from_fn(|i| self.group_unchecked(i, blk).1))
         }
 
         /// `q4_block`: a row's two groups are 32 contiguous bytes ([`nibble_pair_at`]);
