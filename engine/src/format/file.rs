@@ -227,6 +227,17 @@ impl CmfFile {
         }
     }
 
+    /// [`CmfFile::release_pages`] over `range` widened to the 2 MiB pages around it, for a
+    /// load's peak: the mapping maps the file in 2 MiB pages, and unmapping part of one
+    /// leaves the rest of it mapped, so a model repacked tensor by tensor would otherwise
+    /// keep the neighbours' shares of each page until the end of the load. The
+    /// neighbours' bytes stay in the file: a later read maps them back.
+    pub fn release_pages_around(&self, range: std::ops::Range<usize>) {
+        const HUGE: usize = 2 << 20;
+        let end = range.end.next_multiple_of(HUGE).min(self.bytes.len());
+        self.release_pages(range.start / HUGE * HUGE..end);
+    }
+
     pub fn len(&self) -> u64 {
         self.bytes.len() as u64
     }

@@ -161,7 +161,7 @@ impl Linear {
         if m.payload_unread() {
             // Now, so that a load's peak does not hold the model twice, and again once the
             // model is loaded ([`Linear::release_unread`]).
-            file.shards[shard].release_pages(start..start + bytes.len());
+            file.shards[shard].release_pages_around(start..start + bytes.len());
         }
         Ok(Linear {
             name: name.into(),
@@ -184,6 +184,15 @@ impl Linear {
     pub fn release_unread(&self) {
         if self.m.payload_unread() {
             self.file.shards[self.shard].release_pages(self.range.clone());
+        }
+    }
+
+    /// [`Linear::release_unread`] over the 2 MiB pages around the payload
+    /// ([`crate::format::file::CmfFile::release_pages_around`]), during a load: the
+    /// neighbours' bytes map back when next read.
+    pub fn release_unread_around(&self) {
+        if self.m.payload_unread() {
+            self.file.shards[self.shard].release_pages_around(self.range.clone());
         }
     }
 

@@ -284,7 +284,14 @@ impl Model {
             .iter()
             .enumerate()
             .map(|(i, &kind)| {
-                DecoderLayer::load(&root.pp(format!("model.layers.{i}")), i, kind, &c)
+                let layer = DecoderLayer::load(&root.pp(format!("model.layers.{i}")), i, kind, &c)?;
+                // Reading the layer's small tensors (norms, biases) after its matrices mapped
+                // back the 2 MiB pages they share with them: a load's peak would hold each
+                // layer's share until the end.
+                for l in layer.linears() {
+                    l.release_unread_around();
+                }
+                Ok(layer)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let final_norm = root.norm("model.norm", h)?;

@@ -111,11 +111,12 @@ impl Matrix {
     /// `vbit` and the overlay of `q1s` (O(rows + overlay), once). Picks the fastest
     /// [`Kernel`] of this CPU.
     ///
-    /// With `CORTIQ_Q1T_REPACK=1`, a `q1t` matrix at the level of the digit-major kernel
-    /// (AVX-512 VBMI + VNNI) is repacked here ([`Matrix::new_repacked`]); by default not:
-    /// see [`super::q1t_planes`] for what it gains and costs.
+    /// A `q1t` matrix is repacked here ([`Matrix::new_repacked`]) at the AVX2 level by
+    /// default, and at the AVX-512 VBMI + VNNI level with `CORTIQ_Q1T_REPACK=1`
+    /// (`CORTIQ_Q1T_REPACK=0`: nowhere); see [`super::q1t_planes`] for what it gains and
+    /// costs.
     pub fn new(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<Matrix, QuantError> {
-        Matrix::build(dtype, shape, bytes, repack_q1t())
+        Matrix::build(dtype, shape, bytes, repack_q1t(Kernel::detect()))
     }
 
     /// [`Matrix::new`] that repacks a `q1t` matrix where the digit-major kernel runs
@@ -542,13 +543,20 @@ fn col_field(m: &Matrix) -> Option<&[f32]> {
     }
 }
 
-/// Whether [`Matrix::new`] repacks `q1t` matrices: `CORTIQ_Q1T_REPACK=1` (read once).
-/// Off by default: on the Zen 4 VM it made Qwen2.5-Coder-0.5B's decode 1.15–1.19× faster
-/// and SmolLM2-135M's no faster, for a peak RSS 73 MiB (33%) higher and a load 0.15–0.4 s
-/// longer (see `super::q1t_planes`).
-fn repack_q1t() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("CORTIQ_Q1T_REPACK").is_ok_and(|v| v == "1"))
+/// Whether [`Matrix::new`] repacks `q1t` matrices at kernel level `k`:
+/// `CORTIQ_Q1T_REPACK=1` or `0` (read once) where set, else at the AVX2 levels. There the
+/// planes kernel decoded 1.5–1.6× faster than the digit-major one (Zen 3 VM, SmolLM2-135M
+/// and Qwen2.5-Coder-0.5B, paired), for a peak RSS 2–11% higher; on the Zen 4 VM's AVX-512
+/// it made Qwen2.5-Coder-0.5B 1.15–1.19× faster and SmolLM2-135M no faster, so it stays
+/// opt-in there (see `super::q1t_planes`).
+fn repack_q1t(k: Kernel) -> bool {
+    static ENV: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let env = ENV.get_or_init(|| match std::env::var("CORTIQ_Q1T_REPACK").as_deref() {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    });
+    env.unwrap_or(k.is_avx2())
 }
 
 /// The overlay of the `q1t` matrix `m` (computed at load).
@@ -568,10 +576,10 @@ pub(super) fn q1t_planes(m: &Matrix) -> Option<&Q1tPlanes> {
     }
 }
 
-/// Whether kernel level `k` runs the planes kernel over repacked `q1t` rows (that of the
-/// digit-major kernel: AVX-512 VBMI + VNNI); the only level that repacks.
-fn planes_run_on(k: Kernel) -> bool {
-    k == Kernel::Avx512 && q1t_kernel::dm_available()
+/// Whether kernel level `k` runs the planes kernel over repacked `q1t` rows: those of the
+/// digit-major kernels (AVX-512 VBMI + VNNI, AVX2); the only levels that repack.
+pub(super) fn planes_run_on(k: Kernel) -> bool {
+    (k == Kernel::Avx512 && q1t_kernel::dm_available()) || k.is_avx2()
 }
 
 /// Weight rows per block: four independent accumulators per activation hide the FMA

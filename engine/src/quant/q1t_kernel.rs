@@ -56,8 +56,9 @@
 //!   from one multiply and two compares per 16 (`codes_i16`): Zen 2 has one vector
 //!   multiplier, and the second multiply of the digit took it from the dot.
 //!
-//! On AVX-512 VBMI + VNNI a matrix repacked at load into 2-bit codes
-//! ([`super::q1t_planes`], opt-in) runs the same row loop with a *planes* step instead of
+//! A matrix repacked at load into 2-bit codes ([`super::q1t_planes`]: by default at the
+//! AVX2 levels, opt-in on AVX-512 VBMI + VNNI) runs the same row loop with a *planes* step
+//! instead of
 //! the digit-major one (`pl_step`: one 64-byte load per row and 8 tiles, a shift and a
 //! mask per plane, four `vpdpbusd` per level against the activations in the same four
 //! planes, [`DmLevel::push_planes`]); the overlay's index and entries are then copied
@@ -67,6 +68,14 @@
 //! 1.185×, SmolLM2-135M 1.034× (its 576-column rows spend most of their time outside the
 //! steps: overlay, reduction, row set-up); in cache, one core, 1536×576 1.09–1.25× and
 //! 576×1536 1.23–1.52×. Other matrices keep the digit-major kernel.
+//! On AVX2 the planes step (`pl2_rows`) takes half a step (4 tiles, one 32-byte load of
+//! words per row) with `vpmaddubsw` for `vpdpbusd`, two rows at a time (independent
+//! chains; their last half steps of at most 2 tiles share one vector, SmolLM2's 576
+//! columns ending so), and the AVX2 rows' overlays run 8 entries per gather
+//! (`overlay_avx2`): the scalar loop over 8 padded slots had been a fifth of a SmolLM2
+//! decode's kernel time. Zen 3 VM, paired: decode 1.52× (SmolLM2) and 1.64× (Qwen2.5) the
+//! digit-major build before; in cache, one core, 1536×576 0.74× the time of the
+//! one-row version.
 //!
 //! Why not lookup tables of partial sums (T-MAC / bitnet.cpp)? They were measured (one
 //! core of the 2-core AVX-512 VM this was written on, SPR, busy with other builds, so
@@ -1282,6 +1291,17 @@ mod simd {
         _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(step_bytes - 1) as *const i8);
     }
 
+    /// Asks for the rows' overlay entries and corrections [`OVERLAY_AHEAD`] on, as each
+    /// kernel starts its rows.
+    #[inline(always)]
+    unsafe fn prefetch_overlays<const N: usize>(ov: &[(&[u8], &[f32]); N]) {
+        for (ent, delta) in ov {
+            // A prefetch never faults: the addresses may lie past the payload.
+            _mm_prefetch::<_MM_HINT_T0>(ent.as_ptr().wrapping_add(OVERLAY_AHEAD) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(delta.as_ptr().wrapping_add(OVERLAY_AHEAD / 4) as *const i8);
+        }
+    }
+
     /// The rows' first tiles, with their overlays' entries and corrections prefetched
     /// [`OVERLAY_AHEAD`] on (both digit-major kernels start a row so).
     #[inline(always)]
@@ -1290,11 +1310,7 @@ mod simd {
         groups: usize,
         ov: &[(&[u8], &[f32]); N],
     ) -> [*const u8; N] {
-        for (ent, delta) in ov {
-            // A prefetch never faults: the addresses may lie past the payload.
-            _mm_prefetch::<_MM_HINT_T0>(ent.as_ptr().wrapping_add(OVERLAY_AHEAD) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(delta.as_ptr().wrapping_add(OVERLAY_AHEAD / 4) as *const i8);
-        }
+        prefetch_overlays(ov);
         std::array::from_fn(|r| {
             debug_assert!(tiles[r].len() >= groups * Q1T_TILE);
             tiles[r].as_ptr()
@@ -1559,11 +1575,7 @@ mod simd {
         toks: &[DmTok; T],
         ov: [(&[u8], &[f32]); N],
     ) -> [[f32; T]; N] {
-        for (ent, delta) in &ov {
-            // A prefetch never faults: the addresses may lie past the payload.
-            _mm_prefetch::<_MM_HINT_T0>(ent.as_ptr().wrapping_add(OVERLAY_AHEAD) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(delta.as_ptr().wrapping_add(OVERLAY_AHEAD / 4) as *const i8);
-        }
+        prefetch_overlays(&ov);
         let mut acc = [[_mm512_setzero_ps(); T]; N];
         for (w, sc) in rows {
             debug_assert!(w.len() == groups && sc.len() == groups);
@@ -1812,15 +1824,57 @@ mod simd {
             left -= n;
             h += 1;
         }
-        let over = overlay_sums(ov.0, ov.1, toks);
+        finish_avx2::<T, SPLIT>(&acc, toks, ov)
+    }
+
+    /// One row's overlay on AVX2, `delta·x[col]` over its entries `ent` (`[u16 col][f16]`
+    /// each) with corrections `delta`, for each token `xs[j]`: 8 entries per gather into
+    /// the lanes of one vector per token (lanes past the row's count gather and add
+    /// nothing).
+    #[inline(always)]
+    unsafe fn overlay_avx2<const T: usize>(
+        ent: &[u8],
+        delta: &[f32],
+        xs: &[DmTok; T],
+    ) -> [__m256; T] {
+        let n = delta.len();
+        let mut v = [_mm256_setzero_ps(); T];
+        let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let mut e = 0;
+        while e < n {
+            let keep = _mm256_cmpgt_epi32(_mm256_set1_epi32((n - e).min(8) as i32), iota);
+            let ev = _mm256_maskload_epi32(ent.as_ptr().add(Q1T_ENTRY * e) as *const i32, keep);
+            let cols = _mm256_and_si256(ev, _mm256_set1_epi32(0xFFFF));
+            let dl = _mm256_maskload_ps(delta.as_ptr().add(e), keep);
+            for (v, x) in v.iter_mut().zip(xs) {
+                let z = _mm256_setzero_ps();
+                let xv = _mm256_mask_i32gather_ps::<4>(z, x.xf, cols, _mm256_castsi256_ps(keep));
+                *v = _mm256_fmadd_ps(xv, dl, *v);
+            }
+            e += 8;
+        }
+        v
+    }
+
+    /// The AVX2 rows' values: each token's accumulator (times its one scale when `SPLIT`)
+    /// plus its overlay lanes ([`overlay_avx2`]), summed across lanes.
+    #[inline(always)]
+    unsafe fn finish_avx2<const T: usize, const SPLIT: bool>(
+        acc: &[__m256; T],
+        toks: &[DmTok; T],
+        (ent, delta): (&[u8], &[f32]),
+    ) -> [f32; T] {
+        // Loops, not closures: a closure would not inherit the caller's target features,
+        // and its intrinsics would not inline.
+        let over = overlay_avx2(ent, delta, toks);
         let mut out = [0f32; T];
-        for (((o, a), tk), c) in out.iter_mut().zip(&acc).zip(toks).zip(over) {
-            let base = if SPLIT {
-                hsum256(*a) * *tk.d
+        for j in 0..T {
+            let v = if SPLIT {
+                _mm256_fmadd_ps(acc[j], _mm256_set1_ps(*toks[j].d), over[j])
             } else {
-                hsum256(*a)
+                _mm256_add_ps(acc[j], over[j])
             };
-            *o = base + c;
+            out[j] = hsum256(v);
         }
         out
     }
@@ -1904,11 +1958,227 @@ mod simd {
         t
     };
 
-    /// The AVX2 digit-major kernel's tiles ([`DmTile`] on AVX2). Built only by
-    /// [`dm2_block`].
+    // ---- the planes kernel on AVX2 ----------------------------------------------------------
+
+    /// `vpermps` index spreading a half step's 4 tile scales to their two 32-bit lanes each.
+    static PL2_DUP: [i32; 8] = [0, 0, 1, 1, 2, 2, 3, 3];
+
+    /// The four byte planes `u = code + 1` of 32 bytes of tile words (4 tiles).
+    #[inline(always)]
+    unsafe fn pl2_units(w: __m256i) -> [__m256i; 4] {
+        let m3 = _mm256_set1_epi8(3);
+        [
+            _mm256_and_si256(w, m3),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(w), m3),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(w), m3),
+            _mm256_and_si256(_mm256_srli_epi16::<6>(w), m3),
+        ]
+    }
+
+    /// A token's view of one half step for the AVX2 planes kernel: its level planes
+    /// (`x[l] + 64·p` for plane `p`) and its lanes' `−Σx` (both levels combined when split)
+    /// and group scales; `pair` copies the first two tiles' bytes and lanes into the upper
+    /// half (the paired tail of [`pl2_rows`]).
+    struct Pl2Acts {
+        x: [*const i8; 2],
+        c: __m256i,
+        d: __m256,
+        pair: bool,
+    }
+
+    impl Pl2Acts {
+        #[inline(always)]
+        unsafe fn new<const SPLIT: bool>(
+            tk: &DmTok,
+            (step, half): (usize, usize),
+            pair: bool,
+        ) -> Self {
+            let off = step * DM_X + 32 * half;
+            let lanes = step * DM_LANES + 8 * half;
+            let c = if SPLIT { tk.cs } else { tk.c[0] };
+            let mut c = _mm256_loadu_si256(c.add(lanes) as *const __m256i);
+            let mut d = _mm256_loadu_ps(tk.d.add(lanes));
+            if pair {
+                c = _mm256_permute2x128_si256::<0x00>(c, c);
+                d = _mm256_permute2f128_ps::<0x00>(d, d);
+            }
+            Pl2Acts {
+                x: [tk.x[0].add(off), tk.x[1].add(off)],
+                c,
+                d,
+                pair,
+            }
+        }
+
+        /// Plane `p` of level `l`.
+        #[inline(always)]
+        unsafe fn plane(&self, l: usize, p: usize) -> __m256i {
+            let v = _mm256_loadu_si256(self.x[l].add(64 * p) as *const __m256i);
+            if self.pair {
+                _mm256_permute2x128_si256::<0x00>(v, v)
+            } else {
+                v
+            }
+        }
+
+        /// `Σ u·x` per int16 lane for level `l` over the four planes `us`: `vpmaddubsw`
+        /// pairs are at most `2·2·128` and four of them `2048`, exact in int16.
+        #[inline(always)]
+        unsafe fn dot16(&self, us: &[__m256i; 4], l: usize) -> __m256i {
+            let mut s = _mm256_maddubs_epi16(us[0], self.plane(l, 0));
+            for (p, u) in us.iter().enumerate().skip(1) {
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*u, self.plane(l, p)));
+            }
+            s
+        }
+
+        /// `Σ code·x` per 32-bit lane (16 codes) of tile words `w`: from the lanes' `−Σx`,
+        /// `Σ u·x − Σx`; with `SPLIT` the two levels as `(dot << SPLIT_SHIFT) + dot₂`, the
+        /// shift folded into the `vpmaddwd` that widens the first (below 2²⁰).
+        #[inline(always)]
+        unsafe fn dot<const SPLIT: bool>(&self, w: __m256i) -> __m256i {
+            let us = pl2_units(w);
+            let hi = self.dot16(&us, 0);
+            let dot = if SPLIT {
+                let hi = _mm256_madd_epi16(hi, _mm256_set1_epi16(1 << SPLIT_SHIFT));
+                let lo = _mm256_madd_epi16(self.dot16(&us, 1), _mm256_set1_epi16(1));
+                _mm256_add_epi32(hi, lo)
+            } else {
+                _mm256_madd_epi16(hi, _mm256_set1_epi16(1))
+            };
+            _mm256_add_epi32(dot, self.c)
+        }
+    }
+
+    /// One half step (4 tiles) of `N` repacked rows (their words `w`, their scales spread to
+    /// two lanes each in `scale`) against `T` tokens; with the residual level when `SPLIT`
+    /// ([`pl_step`] on AVX2, with `vpmaddubsw` for `vpdpbusd`). Split tokens have one
+    /// scale, applied at the end; else each lane takes its group's here. Tiles past a row's
+    /// end have zero words and zero activations: they add nothing.
+    #[inline(always)]
+    unsafe fn pl2_step<const N: usize, const T: usize, const SPLIT: bool>(
+        w: &[__m256i; N],
+        scale: &[__m256; N],
+        at: (usize, usize),
+        toks: &[DmTok; T],
+        acc: &mut [[__m256; T]; N],
+    ) {
+        // Tokens outside, rows inside: a row's planes are split again per token (decode
+        // has one), which keeps the registers for the rows' independent chains.
+        for (q, tk) in toks.iter().enumerate() {
+            let xs = Pl2Acts::new::<SPLIT>(tk, at, false);
+            for r in 0..N {
+                let f = if SPLIT {
+                    scale[r]
+                } else {
+                    _mm256_mul_ps(scale[r], xs.d)
+                };
+                let dot = _mm256_cvtepi32_ps(xs.dot::<SPLIT>(w[r]));
+                acc[r][q] = _mm256_fmadd_ps(dot, f, acc[r][q]);
+            }
+        }
+    }
+
+    /// The 4 f16 scales `s` of a half step spread to their tiles' two lanes each.
+    #[inline(always)]
+    unsafe fn pl2_scales(s: __m128i) -> __m256 {
+        let dup = _mm256_loadu_si256(PL2_DUP.as_ptr() as *const __m256i);
+        _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_cvtph_ps(s)), dup)
+    }
+
+    /// The first `n < 4` of 4 tile words at `w` (masked: past them lies the next row, or
+    /// the end of the rows) and their scales at `s` (one by one), the others zero.
+    #[inline(always)]
+    unsafe fn pl2_part(w: *const u64, s: *const u16, n: usize) -> (__m256i, __m128i) {
+        let iota = _mm256_setr_epi64x(0, 1, 2, 3);
+        let keep = _mm256_cmpgt_epi64(_mm256_set1_epi64x(n as i64), iota);
+        let words = _mm256_maskload_epi64(w as *const i64, keep);
+        let s = |i: usize| if i < n { *s.add(i) as i16 } else { 0 };
+        (words, _mm_setr_epi16(s(0), s(1), s(2), 0, 0, 0, 0, 0))
+    }
+
+    /// `Σ code·x` over `N` repacked rows (their tile words and scales, `groups` tiles
+    /// each), plus their overlays `ov`, for `T` tokens: [`pl_row`] on AVX2, in half steps
+    /// of 4 tiles. The rows' last half step of `n < 4` tiles loads only their own words and
+    /// scales ([`pl2_part`]); for two rows with `n ≤ 2` (SmolLM2's 576 columns are 4½ half
+    /// steps) it runs as one, the first row's tiles in lanes 0..4 and the second's in 4..8
+    /// against the token's planes copied into both halves, each row's accumulator taking
+    /// its own lanes (the other's scales zeroed): each lane sees the operations of a
+    /// one-row tail, so the values do not depend on the pairing.
+    #[inline(always)]
+    unsafe fn pl2_rows<const N: usize, const T: usize, const SPLIT: bool>(
+        rows: [(&[u64], &[u16]); N],
+        groups: usize,
+        toks: &[DmTok; T],
+        ov: [(&[u8], &[f32]); N],
+    ) -> [[f32; T]; N] {
+        prefetch_overlays(&ov);
+        for (w, sc) in &rows {
+            debug_assert!(w.len() == groups && sc.len() == groups);
+        }
+        let mut acc = [[_mm256_setzero_ps(); T]; N];
+        let full = groups / DM2_TILES;
+        for h in 0..full {
+            let at = DM2_TILES * h;
+            let mut w = [_mm256_setzero_si256(); N];
+            let mut scale = [_mm256_setzero_ps(); N];
+            for r in 0..N {
+                if h % 2 == 0 {
+                    pl_at(rows[r], h / 2);
+                }
+                w[r] = _mm256_loadu_si256(rows[r].0.as_ptr().add(at) as *const __m256i);
+                scale[r] =
+                    pl2_scales(_mm_loadl_epi64(rows[r].1.as_ptr().add(at) as *const __m128i));
+            }
+            pl2_step::<N, T, SPLIT>(&w, &scale, (h / 2, h % 2), toks, &mut acc);
+        }
+        let n = groups % DM2_TILES;
+        let at = DM2_TILES * full;
+        if N == 2 && 0 < n && n <= DM2_TILES / 2 {
+            let (wa, sa) = pl2_part(rows[0].0.as_ptr().add(at), rows[0].1.as_ptr().add(at), n);
+            let (wb, sb) = pl2_part(rows[1].0.as_ptr().add(at), rows[1].1.as_ptr().add(at), n);
+            let w = _mm256_permute2x128_si256::<0x20>(wa, wb);
+            let scale = pl2_scales(_mm_unpacklo_epi32(sa, sb));
+            let low = _mm256_castsi256_ps(_mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0));
+            let swapped = _mm256_permute2f128_ps::<0x01>(scale, scale);
+            let sides = [_mm256_and_ps(scale, low), _mm256_and_ps(swapped, low)];
+            for (q, tk) in toks.iter().enumerate() {
+                let xs = Pl2Acts::new::<SPLIT>(tk, (full / 2, full % 2), true);
+                let dot = _mm256_cvtepi32_ps(xs.dot::<SPLIT>(w));
+                // The second row's lanes moved down to where its one-row tail has them.
+                let dots = [dot, _mm256_permute2f128_ps::<0x01>(dot, dot)];
+                for r in 0..N {
+                    let f = if SPLIT {
+                        sides[r]
+                    } else {
+                        _mm256_mul_ps(sides[r], xs.d)
+                    };
+                    acc[r][q] = _mm256_fmadd_ps(dots[r], f, acc[r][q]);
+                }
+            }
+        } else if n > 0 {
+            let mut w = [_mm256_setzero_si256(); N];
+            let mut scale = [_mm256_setzero_ps(); N];
+            for r in 0..N {
+                let (wr, sr) = pl2_part(rows[r].0.as_ptr().add(at), rows[r].1.as_ptr().add(at), n);
+                (w[r], scale[r]) = (wr, pl2_scales(sr));
+            }
+            pl2_step::<N, T, SPLIT>(&w, &scale, (full / 2, full % 2), toks, &mut acc);
+        }
+        let mut out = [[0f32; T]; N];
+        for r in 0..N {
+            out[r] = finish_avx2::<T, SPLIT>(&acc[r], toks, ov[r]);
+        }
+        out
+    }
+
+    /// The AVX2 digit-major kernel's tiles ([`DmTile`] on AVX2), or with `planes` its
+    /// planes kernel over the repacked rows. Built only by [`dm2_block`].
     struct Dm2Tile<'a> {
         k: Dm2Const,
         dm: &'a DmActs,
+        /// The repacked rows, which the planes kernel reads instead of the tiles.
+        planes: Option<&'a Q1tPlanes>,
     }
 
     impl Tile for Dm2Tile<'_> {
@@ -1925,12 +2195,41 @@ mod simd {
             let rb = groups * Q1T_TILE;
             let rows = cx.rows::<R>(o);
             let mut out = [[0f32; T]; R];
+            if let Some(p) = self.planes {
+                // Two rows at a time (independent chains, a shared tail), then an odd one.
+                for (i, pair) in rows.chunks(2).enumerate() {
+                    let row = |r: usize| (p.codes(r), p.scales(r));
+                    let ov = |r: usize| cx.ov.row(cx.bytes, r);
+                    // SAFETY: as below; `dm` is in the planes layout (`dm2_block`).
+                    unsafe {
+                        if let [a, b] = *pair {
+                            let (rs, os) = ([row(a), row(b)], [ov(a), ov(b)]);
+                            let v = if self.dm.split {
+                                pl2_rows::<2, T, true>(rs, groups, &ts, os)
+                            } else {
+                                pl2_rows::<2, T, false>(rs, groups, &ts, os)
+                            };
+                            out[2 * i] = v[0];
+                            out[2 * i + 1] = v[1];
+                        } else {
+                            let (rs, os) = ([row(pair[0])], [ov(pair[0])]);
+                            out[2 * i] = if self.dm.split {
+                                pl2_rows::<1, T, true>(rs, groups, &ts, os)[0]
+                            } else {
+                                pl2_rows::<1, T, false>(rs, groups, &ts, os)[0]
+                            };
+                        }
+                    }
+                }
+                put_tile(o, j, &out, put);
+                return;
+            }
             for (out, &r) in out.iter_mut().zip(&rows) {
                 // The row and all that follows it (see `dm2_row`'s tail).
                 let tiles = &cx.bytes[r * rb..];
                 let ov = cx.ov.row(cx.bytes, r);
                 // SAFETY: a `Dm2Tile` exists only inside `dm2_block`, whose caller checked
-                // AVX2 and built `dm` from all tokens.
+                // AVX2 and built `dm` from all tokens (in the planes layout with `planes`).
                 *out = unsafe {
                     if self.dm.split {
                         dm2_row::<T, true>(&self.k, tiles, groups, &ts, ov)
@@ -1955,7 +2254,13 @@ mod simd {
         toks: Range<usize>,
         put: &mut P,
     ) {
-        cx.tiles(&Dm2Tile { k: dm2_const(), dm }, outs, toks, put);
+        debug_assert_eq!(dm.planes, cx.planes.is_some());
+        let tile = Dm2Tile {
+            k: dm2_const(),
+            dm,
+            planes: cx.planes,
+        };
+        cx.tiles(&tile, outs, toks, put);
     }
 }
 
@@ -2241,7 +2546,7 @@ pub(crate) struct Q1tProduct<'a> {
     pub t: usize,
     pub sel: Option<&'a [u32]>,
     /// The rows repacked at load ([`Q1tPlanes`]), which every product reads instead of
-    /// the tiles: only at the level of the digit-major kernel (AVX-512 VBMI + VNNI).
+    /// the tiles: at the levels of the digit-major kernels (AVX-512 VBMI + VNNI, AVX2).
     pub planes: Option<&'a Q1tPlanes>,
 }
 

@@ -17,8 +17,8 @@
 
 use super::kernel::{ActOrder, IntRowsScalar, Kernel, QuantizedActs, RowsScalar};
 use super::matrix::{
-    matmul_rows_with, matmul_with, matvec_multi, matvec_rows_with, matvec_with, Matrix, MatvecPart,
-    Precision,
+    matmul_rows_with, matmul_with, matvec_multi, matvec_rows_with, matvec_with, planes_run_on,
+    Matrix, MatvecPart, Precision,
 };
 use super::q1t_kernel::{Q1tRows, DIV};
 use super::*;
@@ -734,26 +734,41 @@ fn the_bound_catches_one_wrong_weight() {
     );
 }
 
-/// A matrix repacked at load (`Matrix::new_repacked` on AVX-512 VBMI + VNNI: the planes kernel,
-/// its overlay copied) and the same matrix cold (`Matrix::new_cold`: the digit-major
-/// kernel over the file's tiles) compute within the bound of the same values at every
-/// precision, decode the same rows bit for bit, and only the repacked one leaves its
-/// payload unread.
+/// A matrix repacked at load (`Matrix::new_repacked` at the levels of the digit-major
+/// kernels, AVX-512 VBMI + VNNI and AVX2: the planes kernels, its overlay copied) and the
+/// same matrix cold (`Matrix::new_cold`: the digit-major kernel over the file's tiles)
+/// compute within the bound of the same values at every precision, decode the same rows
+/// bit for bit, and only the repacked one leaves its payload unread. Each level this CPU
+/// has runs: on AVX-512 the repacked matrix forced down to AVX2 runs the AVX2 planes
+/// kernel. Columns from 1 tile to 29, a whole half step (4 tiles) and past it.
 #[test]
 fn repacked_and_cold_matrices_agree() {
     let shape = |g: Geom| [g.rows as u64, g.cols as u64];
-    let planes = Kernel::Avx512.is_available() && q1t_kernel::dm_available();
-    for (ci, &cols) in COLS.iter().enumerate() {
+    let planes = planes_run_on(Kernel::detect());
+    let levels: Vec<Kernel> = [Kernel::detect(), Kernel::Avx2]
+        .into_iter()
+        .filter(|k| k.is_available())
+        .fold(Vec::new(), |mut v, k| {
+            if !v.contains(&k) {
+                v.push(k);
+            }
+            v
+        });
+    for (ci, &cols) in COLS.iter().chain(&[128, 384]).enumerate() {
         for (ri, &rows) in [1usize, 3, 7, 67].iter().enumerate() {
-            for (oi, &ov) in OVERLAYS.iter().enumerate() {
+            for (level, (oi, &ov)) in levels
+                .iter()
+                .flat_map(|k| OVERLAYS.iter().enumerate().map(move |o| (*k, o)))
+            {
                 let seed = (5000 + 1000 * ci + 10 * ri + oi) as u64;
                 let g = geom(rows, cols);
                 let b = payload(rows, cols, ov, seed);
-                let hot = Matrix::new_repacked(DType::Q1t, &shape(g), &b).unwrap();
-                let cold = Matrix::new_cold(DType::Q1t, &shape(g), &b).unwrap();
+                let mut hot = Matrix::new_repacked(DType::Q1t, &shape(g), &b).unwrap();
+                let mut cold = Matrix::new_cold(DType::Q1t, &shape(g), &b).unwrap();
                 assert_eq!(hot.payload_unread(), planes, "{rows}x{cols}");
                 assert!(!cold.payload_unread());
-                assert_eq!(hot.kernel(), cold.kernel());
+                hot.set_kernel(level).unwrap();
+                cold.set_kernel(level).unwrap();
                 let (mut a, mut c) = (vec![0f32; cols], vec![0f32; cols]);
                 for r in 0..rows {
                     hot.row(&b, r, &mut a);
@@ -768,7 +783,7 @@ fn repacked_and_cold_matrices_agree() {
                         let (mut yh, mut yc) = (vec![f32::NAN; t * rows], vec![f32::NAN; t * rows]);
                         matmul_with(&hot, &b, &x, t, &mut yh, p);
                         matmul_with(&cold, &b, &x, t, &mut yc, p);
-                        let what = format!("{p:?} {rows}x{cols} {ov:?} t={t}");
+                        let what = format!("{level:?} {p:?} {rows}x{cols} {ov:?} t={t}");
                         check(&format!("{what} repacked"), &yh, &want);
                         check(&format!("{what} cold"), &yc, &want);
                         if in_panels(&hot, p, t) {

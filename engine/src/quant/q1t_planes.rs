@@ -1,11 +1,24 @@
-//! `q1t` rows repacked at load into 2-bit codes, for the AVX-512 VBMI + VNNI level, when
-//! `CORTIQ_Q1T_REPACK=1` asks for it (`Matrix::new`) or a caller does
+//! `q1t` rows repacked at load into 2-bit codes: by default at the AVX2 levels, and at the
+//! AVX-512 VBMI + VNNI level when `CORTIQ_Q1T_REPACK=1` asks for it (`Matrix::new`;
+//! `CORTIQ_Q1T_REPACK=0` turns it off everywhere), or where a caller does
 //! (`Matrix::new_repacked`): the one place where this engine may keep a weight in another
 //! form than the file's (the performance issue allows a repack "where it pays, without a
-//! second copy of the model in memory"; DESIGN.md keeps weights in the mmap, so it is
-//! opt-in until it pays on every model and its memory is the file's).
+//! second copy of the model in memory"; DESIGN.md keeps weights in the mmap, so it is on
+//! only where it was measured to pay, and the file's pages are released as it goes).
 //!
-//! # What it gains and costs (Zen 4 VM, 2 threads, paired with `scripts/ab-bench.py`)
+//! # What it gains and costs at AVX2 (Zen 3 VM, 2 threads, paired with `scripts/ab-bench.py`)
+//! - Decode against the digit-major kernel of the same build: SmolLM2-135M 1.24×,
+//!   Qwen2.5-Coder-0.5B 1.45× (against the build before, whose overlay was a scalar loop:
+//!   1.52× and 1.64×). The AVX2 planes step (`pl2_rows` in [`super::q1t_kernel`]) is a
+//!   shift and a mask per plane and four `vpmaddubsw` per level per 4 tiles, against the
+//!   digit-major step's 21 operations of digit lookups per 4 tiles before its five.
+//! - Peak RSS: SmolLM2 58–63 → 63.5 MiB, Qwen2.5 212 → 236 MiB, once the loader released
+//!   the 2 MiB pages around each repacked matrix and again after each layer (the layer's
+//!   norms and biases, read after its matrices, had mapped their shared pages back: the
+//!   peak had been 88 and 290 MiB). Resident after load: 54 and 226 MiB of anonymous
+//!   memory, none of the file.
+//!
+//! # What it gains and costs at AVX-512 (Zen 4 VM, 2 threads, paired with `scripts/ab-bench.py`)
 //! - Qwen2.5-Coder-0.5B `q1t` decode 1.15× and 1.185× in two sets of 6 rounds; prefill
 //!   unchanged (0.998); load 64–78 → 228–498 ms; peak RSS 222 → 296 MiB (the file is
 //!   189): the repacked rows 147 MiB against the tiles' 132.5, and the overlay's copy
