@@ -159,8 +159,8 @@ impl Linear {
         }
         let start = bytes.as_ptr() as usize - file.shards[shard].bytes().as_ptr() as usize;
         if m.payload_unread() {
-            // Now, so that a load's peak does not hold the model twice, and again once the
-            // model is loaded ([`Linear::release_unread`]).
+            // Now, so that a load's peak does not hold the model twice, and again after the
+            // layer and the model ([`Linear::release_unread`]).
             file.shards[shard].release_pages_around(start..start + bytes.len());
         }
         Ok(Linear {
@@ -178,19 +178,13 @@ impl Linear {
 
     /// Lets the OS drop the mapped pages of this matrix's payload where the matrix holds it
     /// in another form ([`Matrix::payload_unread`]): the process need not hold both. (A
-    /// skill's replacements are cold, [`Matrix::new_cold`], and read in place.) Called once
-    /// the whole model is loaded (as well as at each matrix's load): a 2 MiB page of the
-    /// mapping shared with a tensor read later is mapped back whole.
+    /// skill's replacements are cold, [`Matrix::new_cold`], and read in place.) The 2 MiB
+    /// pages around the payload go too
+    /// ([`crate::format::file::CmfFile::release_pages_around`]): the file is mapped in
+    /// 2 MiB pages, so a neighbour read after this matrix (a layer's norms) maps the
+    /// shared page back whole. Called at each matrix's load, after each layer and once the
+    /// whole model is loaded; a neighbour's bytes map back when next read.
     pub fn release_unread(&self) {
-        if self.m.payload_unread() {
-            self.file.shards[self.shard].release_pages(self.range.clone());
-        }
-    }
-
-    /// [`Linear::release_unread`] over the 2 MiB pages around the payload
-    /// ([`crate::format::file::CmfFile::release_pages_around`]), during a load: the
-    /// neighbours' bytes map back when next read.
-    pub fn release_unread_around(&self) {
         if self.m.payload_unread() {
             self.file.shards[self.shard].release_pages_around(self.range.clone());
         }

@@ -289,7 +289,7 @@ impl Model {
                 // back the 2 MiB pages they share with them: a load's peak would hold each
                 // layer's share until the end.
                 for l in layer.linears() {
-                    l.release_unread_around();
+                    l.release_unread();
                 }
                 Ok(layer)
             })
