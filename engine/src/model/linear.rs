@@ -130,6 +130,22 @@ impl Linear {
         Linear::load_as(file, name, (out_dim, in_dim), true)
     }
 
+    /// The matrix `name`, checked to be `[out, in]`, of which the model only reads rows (an
+    /// untied embedding): never repacked ([`Matrix::new_cold`]; a `q1t` embedding repacked
+    /// was 41 of Qwen2.5-Coder-0.5B's 226 MiB resident), and its pages released and mapped
+    /// 4 KiB at a time from then on ([`crate::format::file::CmfFile::read_sparsely`]), so
+    /// that a token maps the pages of its row.
+    pub fn load_rows(
+        file: &Arc<CmfModel>,
+        name: &str,
+        out_dim: usize,
+        in_dim: usize,
+    ) -> Result<Linear, ModelError> {
+        let l = Linear::load_as(file, name, (out_dim, in_dim), false)?;
+        file.shards[l.shard].read_sparsely(l.range.clone());
+        Ok(l)
+    }
+
     /// [`Linear::load`], of a matrix the model may never multiply (`hot` false:
     /// [`Matrix::new_cold`]).
     fn load_as(

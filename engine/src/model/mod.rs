@@ -272,12 +272,15 @@ impl Model {
         }
         let root = Scope::root(&file, c.eps, c.zero_centred_norm);
         let h = c.hidden;
-        let embed = Linear::load(&file, "model.embed_tokens.weight", c.vocab, h)?;
         let tied = !root.has("lm_head.weight");
-        let lm_head = if tied {
-            embed.clone()
+        let (embed, lm_head) = if tied {
+            let embed = Linear::load(&file, "model.embed_tokens.weight", c.vocab, h)?;
+            (embed.clone(), embed)
         } else {
-            Linear::load(&file, "lm_head.weight", c.vocab, h)?
+            (
+                Linear::load_rows(&file, "model.embed_tokens.weight", c.vocab, h)?,
+                Linear::load(&file, "lm_head.weight", c.vocab, h)?,
+            )
         };
         let layers = c
             .layer_kinds
@@ -893,5 +896,47 @@ mod tests {
         assert_eq!(routed.len(), 2);
         want += routed.values().map(|b| b * 3 / 7).sum::<u64>();
         assert_eq!(model.weight_bytes_per_token(), want);
+    }
+
+    /// An untied embedding is read a row per token, so it stays in the file: never
+    /// repacked, even as `q1t` where the model's other matrices are (the head here), and
+    /// its rows are the file's rows. The model runs.
+    #[test]
+    fn an_untied_q1t_embedding_stays_in_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("q1t.cmf");
+        let spec = TinySpec {
+            hidden: 96,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 24,
+            dtype: DType::Q1t,
+            ..TinySpec::awkward(vec![TinyLayer::attention_dense(160)])
+        };
+        write_tiny(&path, &spec).unwrap();
+        let model = Model::load(Arc::new(CmfModel::open(&path).unwrap())).unwrap();
+        assert!(!model.tied);
+        assert!(
+            !model.embed.m.payload_unread(),
+            "the embedding was repacked"
+        );
+        let f = crate::format::CmfFile::open(&path).unwrap();
+        let (e, head) = f.tensor("lm_head.weight").unwrap();
+        let repacks = crate::quant::matrix::Matrix::new(e.dtype, &e.shape, head)
+            .unwrap()
+            .payload_unread();
+        assert_eq!(model.lm_head.m.payload_unread(), repacks, "the head");
+        let (e, embed) = f.tensor("model.embed_tokens.weight").unwrap();
+        let (mut got, mut want) = (vec![0f32; 96], vec![0f32; 96]);
+        for id in [0u32, 1, 130, 258] {
+            model.embed_token(id, &mut got);
+            crate::quant::decode_row(e.dtype, &e.shape, embed, id as usize, &mut want).unwrap();
+            assert_eq!(got, want, "row {id}");
+        }
+        let (mut st, mut ws) = (model.new_state(8), model.new_workspace(4));
+        model
+            .forward(&[3, 77, 200], &mut st, &mut ws, Logits::All, None)
+            .unwrap();
+        assert!(ws.logits.iter().all(|v| v.is_finite()));
     }
 }

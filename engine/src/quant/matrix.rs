@@ -120,7 +120,7 @@ impl Matrix {
     }
 
     /// [`Matrix::new`] that repacks a `q1t` matrix where the digit-major kernel runs
-    /// ([`Q1tPlanes`]: 1.11× its tiles in memory, its overlay copied,
+    /// ([`Q1tPlanes`]: 1.11× its tiles in memory, its overlay's entries copied,
     /// [`Matrix::payload_unread`]).
     pub fn new_repacked(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<Matrix, QuantError> {
         Matrix::build(dtype, shape, bytes, true)
@@ -151,11 +151,11 @@ impl Matrix {
             DType::Q1s => RowIndex::Q1s(Q1sRowIndex::new(g, bytes).map_err(bad)?),
             DType::Q1t => {
                 let mut ov = Q1tOverlay::new(g, bytes).map_err(bad)?;
-                let planes =
-                    (hot && planes_run_on(kernel)).then(|| Arc::new(Q1tPlanes::new(g, bytes)));
-                if planes.is_some() {
-                    ov.own(g, bytes);
-                }
+                let planes = (hot && planes_run_on(kernel)).then(|| {
+                    let mut p = Q1tPlanes::new(g, bytes);
+                    ov.own(g, bytes, &mut p);
+                    Arc::new(p)
+                });
                 RowIndex::Q1t(ov, planes)
             }
             DType::Q4tp => RowIndex::Q4tp(q4::Q4tpBases::new(g, bytes)),
@@ -189,9 +189,9 @@ impl Matrix {
     }
 
     /// Whether nothing reads the payload after load, because the matrix holds it in
-    /// another form: a `q1t` matrix repacked ([`Q1tPlanes`], its overlay copied). The
-    /// loader then lets the OS drop the payload's mapped pages. (A matrix forced onto
-    /// another kernel level afterwards reads them again, and they fault back in.)
+    /// another form: a `q1t` matrix repacked ([`Q1tPlanes`], its overlay copied), which
+    /// every product and row decode reads at every kernel level. The loader then lets the
+    /// OS drop the payload's mapped pages.
     pub fn payload_unread(&self) -> bool {
         matches!(&self.index, RowIndex::Q1t(_, Some(_)))
     }
@@ -567,11 +567,13 @@ pub(super) fn q1t_overlay(m: &Matrix) -> Option<&Q1tOverlay> {
     }
 }
 
-/// The repacked rows of the `q1t` matrix `m` where its products read them: at the level of
-/// the digit-major kernel (a matrix forced to another level reads the file's tiles).
+/// The repacked rows of the `q1t` matrix `m`, which all its products read, at every level
+/// (a matrix forced to another level after load too): the codes under its overlay's
+/// entries are cleared there, and its overlay holds the entries' values, not their
+/// corrections to the file's base weights ([`Q1tOverlay::own`]).
 pub(super) fn q1t_planes(m: &Matrix) -> Option<&Q1tPlanes> {
     match &m.index {
-        RowIndex::Q1t(_, Some(p)) if planes_run_on(m.kernel) => Some(p),
+        RowIndex::Q1t(_, Some(p)) => Some(p),
         _ => None,
     }
 }

@@ -94,9 +94,8 @@ use super::matrix::vbit_rows;
 use super::matrix::Matrix;
 use super::matrix::Out;
 use super::matrix::{q1t_overlay, q1t_planes};
-use super::q1::Q1T_ENTRY;
-use super::q1t_kernel::Q1tOverlay;
 use super::q1t_kernel::Q1tRows;
+use super::q1t_kernel::{OvRow, Q1tOverlay};
 use super::q1t_planes::Q1tPlaneRows;
 use super::q4::Q4Rows;
 use super::q8::Q8Layout;
@@ -403,7 +402,7 @@ struct OverlayJob<'a> {
 
 impl OverlayJob<'_> {
     /// Output `k`'s overlay entries and their corrections.
-    fn row(&self, k: usize) -> (&[u8], &[f32]) {
+    fn row(&self, k: usize) -> OvRow<'_> {
         self.ov
             .row(self.bytes, self.sel.map_or(k, |s| s[k] as usize))
     }
@@ -431,15 +430,15 @@ unsafe fn overlay_panel(
     let levels = transpose_indices();
     let mut any = false;
     for half in 0..2 {
-        let rows: [(&[u8], &[f32]); 16] = std::array::from_fn(|i| {
+        let rows: [OvRow; 16] = std::array::from_fn(|i| {
             let k = k0 + 16 * half + i;
             if k < n {
                 job.row(k)
             } else {
-                (&[][..], &[][..])
+                OvRow::EMPTY
             }
         });
-        if rows.iter().all(|(_, deltas)| deltas.is_empty()) {
+        if rows.iter().all(|r| r.is_empty()) {
             continue;
         }
         if !any {
@@ -483,16 +482,17 @@ const OVERLAY_BLOCKS: usize = 4;
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn overlay_sums<const B: usize>(
-    rows: &[(&[u8], &[f32]); 16],
+    rows: &[OvRow; 16],
     xt: &[f32],
     tp: usize,
     j0: usize,
     acc: &mut [[__m512i; 16]; OVERLAY_BLOCKS],
 ) {
-    for (i, (ents, deltas)) in rows.iter().enumerate() {
+    for (i, row) in rows.iter().enumerate() {
         let mut sum = [_mm512_setzero_ps(); B];
-        for (ent, &delta) in ents.chunks_exact(Q1T_ENTRY).zip(*deltas) {
-            let at = le16(ent, 0) as usize * tp + j0;
+        for e in 0..row.len() {
+            let (col, delta) = row.get(e);
+            let at = col * tp + j0;
             let x = &xt[at..at + 16 * B];
             let delta = _mm512_set1_ps(delta);
             for (b, sum) in sum.iter_mut().enumerate() {
@@ -617,14 +617,14 @@ unsafe fn overlay_panel_avx2(
     assert!(toks.end + 15 <= tp);
     let nt = toks.len().next_multiple_of(16);
     let live = PANEL.min(n.saturating_sub(k0));
-    let rows: [(&[u8], &[f32]); PANEL] = std::array::from_fn(|i| {
+    let rows: [OvRow; PANEL] = std::array::from_fn(|i| {
         if i < live {
             job.row(k0 + i)
         } else {
-            (&[][..], &[][..])
+            OvRow::EMPTY
         }
     });
-    if rows.iter().all(|(_, deltas)| deltas.is_empty()) {
+    if rows.iter().all(|r| r.is_empty()) {
         return false;
     }
     if corr.len() < nt * PANEL {
@@ -634,10 +634,11 @@ unsafe fn overlay_panel_avx2(
         for jb in (0..nt).step_by(8) {
             let j0 = toks.start + jb;
             let sums: [__m256i; 8] = std::array::from_fn(|r| {
-                let (ents, deltas) = rows[r];
+                let row = rows[r];
                 let mut sum = _mm256_setzero_ps();
-                for (ent, &delta) in ents.chunks_exact(Q1T_ENTRY).zip(deltas) {
-                    let at = le16(ent, 0) as usize * tp + j0;
+                for e in 0..row.len() {
+                    let (col, delta) = row.get(e);
+                    let at = col * tp + j0;
                     let x = _mm256_loadu_ps(xt[at..at + 8].as_ptr());
                     sum = _mm256_fmadd_ps(_mm256_set1_ps(delta), x, sum);
                 }

@@ -175,7 +175,8 @@ fn trit(b: u8, a: usize) -> usize {
 /// `value − base`, so that a product adds `Σ delta·x[col]` per row without decoding the
 /// base weights under the entries again (that decoding, per token, doubled the
 /// instructions of a decode step at the default 0.5 % of entries). 4 bytes per entry,
-/// about 0.02 bytes per weight at that density (the file holds 0.3).
+/// about 0.02 bytes per weight at that density (the file holds 0.3). A matrix repacked at
+/// load needs no corrections ([`Q1tOverlay::own`]): there the base under an entry is 0.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Q1tOverlay {
     /// Byte offset of `row_ptr`.
@@ -185,15 +186,15 @@ pub(crate) struct Q1tOverlay {
     /// Per entry: `value − base` in f32, or 0 when a later entry of the same row and
     /// column overrides it (the spec allows repeats, the later wins, as for `q1s`).
     delta: Vec<f32>,
-    /// With repacked rows ([`Q1tPlanes`]): `row_ptr`, the entries and `delta` (then
-    /// empty) copied into huge pages ([`super::arena`]), so that nothing reads the payload
-    /// after load (its pages can go, see `Matrix::payload_unread`) and the overlay's
-    /// streams do not walk 4 KiB pages.
+    /// With repacked rows ([`Q1tPlanes`], the codes under the entries cleared): `row_ptr`
+    /// and the entries copied into huge pages ([`super::arena`]), so that nothing reads the
+    /// payload after load (its pages can go, see `Matrix::payload_unread`) and the
+    /// overlay's streams do not walk 4 KiB pages; `delta` is then empty ([`OvRow`]).
     owned: Option<std::sync::Arc<OwnedOverlay>>,
 }
 
 /// [`Q1tOverlay`]'s copy: `[u32 row_ptr; rows + 1]` (indexing the copy's entries from 0),
-/// the entries (`4·count` bytes), `[f32 delta; count]`, in one slab.
+/// then the entries (`4·count` bytes, the shadowed ones' values 0), in one slab.
 #[derive(Debug)]
 struct OwnedOverlay {
     mem: Slab,
@@ -213,14 +214,6 @@ impl OwnedOverlay {
     fn entries(&self) -> &[u8] {
         let at = 4 * (self.rows + 1);
         &self.mem.bytes()[at..at + Q1T_ENTRY * self.count]
-    }
-
-    #[inline(always)]
-    fn delta(&self) -> &[f32] {
-        let at = 4 * (self.rows + 1) + Q1T_ENTRY * self.count;
-        let b = &self.mem.bytes()[at..at + 4 * self.count];
-        // SAFETY: `at` is a multiple of 4 from an 8-aligned start; `count` floats.
-        unsafe { std::slice::from_raw_parts(b.as_ptr() as *const f32, self.count) }
     }
 }
 
@@ -260,18 +253,34 @@ impl Q1tOverlay {
         Ok(ov)
     }
 
-    /// Copies `row_ptr`, the entries and the corrections into huge pages (for a matrix
-    /// whose rows are repacked: then nothing reads the payload again).
-    pub(crate) fn own(&mut self, g: Geom, bytes: &[u8]) {
+    /// Copies `row_ptr` and the entries into huge pages for a matrix whose rows are
+    /// repacked into `planes` (then nothing reads the payload again), and sets the base
+    /// code under every entry to 0 in `planes`: each entry then adds its own value, and a
+    /// shadowed entry (a later one of its row and column wins) has its value set to 0 in
+    /// the copy. The f32 corrections go: 4 bytes an entry less in memory and in each
+    /// token's stream (Qwen2.5-Coder-0.5B: 12 MiB of 3.2 M entries).
+    pub(crate) fn own(&mut self, g: Geom, bytes: &[u8], planes: &mut Q1tPlanes) {
         let count = self.delta.len();
         let (np, ne) = (4 * (g.rows + 1), Q1T_ENTRY * count);
-        let mut mem = super::arena::alloc(np + ne + 4 * count);
+        let mut mem = super::arena::alloc(np + ne);
         let b = mem.bytes_mut();
         b[..np].copy_from_slice(&bytes[self.row_ptr..self.row_ptr + np]);
         // `row_ptr` counts entries from the first (validated: `row_ptr[0] = 0`).
-        b[np..np + ne].copy_from_slice(&bytes[self.entries..self.entries + ne]);
-        for (d, v) in b[np + ne..].chunks_exact_mut(4).zip(&self.delta) {
-            d.copy_from_slice(&v.to_ne_bytes());
+        let ents = &mut b[np..np + ne];
+        ents.copy_from_slice(&bytes[self.entries..self.entries + ne]);
+        // Per column: (row + 1, entry) of the last entry seen in that column.
+        let mut last = vec![(0usize, 0usize); if count > 1 { g.cols } else { 0 }];
+        for r in 0..g.rows {
+            for e in self.range(bytes, r) {
+                let col = le16(ents, e * Q1T_ENTRY) as usize;
+                planes.clear_code(r, col);
+                if let Some(seen) = last.get_mut(col) {
+                    if seen.0 == r + 1 {
+                        ents[seen.1 * Q1T_ENTRY + 2..(seen.1 + 1) * Q1T_ENTRY].fill(0);
+                    }
+                    *seen = (r + 1, e);
+                }
+            }
         }
         self.delta = Vec::new();
         self.owned = Some(std::sync::Arc::new(OwnedOverlay {
@@ -292,26 +301,25 @@ impl Q1tOverlay {
         le32(bytes, at) as usize..le32(bytes, at + 4) as usize
     }
 
-    /// Row `r`'s entries (4 bytes each: `[u16 col][f16 value]`) and their corrections.
+    /// Row `r`'s entries and what each adds ([`OvRow`]).
     #[inline(always)]
-    pub(super) fn row<'b>(&'b self, bytes: &'b [u8], r: usize) -> (&'b [u8], &'b [f32]) {
+    pub(super) fn row<'b>(&'b self, bytes: &'b [u8], r: usize) -> OvRow<'b> {
         let es = self.range(bytes, r);
         match &self.owned {
-            Some(o) => (
-                &o.entries()[es.start * Q1T_ENTRY..es.end * Q1T_ENTRY],
-                &o.delta()[es],
-            ),
-            None => (
-                &bytes[self.entries + es.start * Q1T_ENTRY..self.entries + es.end * Q1T_ENTRY],
-                &self.delta[es],
-            ),
+            Some(o) => OvRow {
+                ent: &o.entries()[es.start * Q1T_ENTRY..es.end * Q1T_ENTRY],
+                delta: None,
+            },
+            None => OvRow {
+                ent: &bytes[self.entries + es.start * Q1T_ENTRY..self.entries + es.end * Q1T_ENTRY],
+                delta: Some(&self.delta[es]),
+            },
         }
     }
 
     /// Writes row `r`'s entries over its decoded base weights `out` (later entries win).
     pub(super) fn write_row(&self, bytes: &[u8], r: usize, out: &mut [f32]) {
-        let (ent, _) = self.row(bytes, r);
-        for e in ent.chunks_exact(Q1T_ENTRY) {
+        for e in self.row(bytes, r).ent.chunks_exact(Q1T_ENTRY) {
             out[le16(e, 0) as usize] = h2f_scalar(le16(e, 2));
         }
     }
@@ -326,13 +334,57 @@ impl Q1tOverlay {
         xs: &[A; T],
         out: &mut [f32; T],
     ) {
-        let (cols, deltas) = self.row(bytes, r);
-        for (ent, &delta) in cols.chunks_exact(Q1T_ENTRY).zip(deltas) {
-            let col = le16(ent, 0) as usize;
+        let row = self.row(bytes, r);
+        for i in 0..row.len() {
+            let (col, delta) = row.get(i);
             for (o, x) in out.iter_mut().zip(xs) {
                 *o += delta * x.at(col);
             }
         }
+    }
+}
+
+/// One row's overlay as the products read it: per entry a column and what the entry adds
+/// per unit of the activation there (`delta`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OvRow<'a> {
+    /// The entries, `[u16 col][f16 value]` each.
+    pub ent: &'a [u8],
+    /// Per entry `value − base` (the base weight under it, as the file's tiles hold it);
+    /// `None` where the base is 0 (rows repacked with those codes cleared,
+    /// [`Q1tOverlay::own`]): then the entry's own value is what it adds (0 for a shadowed
+    /// one).
+    pub delta: Option<&'a [f32]>,
+}
+
+impl<'a> OvRow<'a> {
+    /// No entries.
+    pub const EMPTY: OvRow<'static> = OvRow {
+        ent: &[],
+        delta: Some(&[]),
+    };
+
+    /// Entries in the row.
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.ent.len() / Q1T_ENTRY
+    }
+
+    /// Whether the row has no entries.
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.ent.is_empty()
+    }
+
+    /// Entry `i`'s column and `delta`.
+    #[inline(always)]
+    pub fn get(&self, i: usize) -> (usize, f32) {
+        let e = &self.ent[i * Q1T_ENTRY..(i + 1) * Q1T_ENTRY];
+        let delta = match self.delta {
+            Some(d) => d[i],
+            None => h2f_scalar(le16(e, 2)),
+        };
+        (le16(e, 0) as usize, delta)
     }
 }
 
@@ -744,21 +796,57 @@ mod simd {
         }
     }
 
-    /// One row's overlay, `Σ delta·x[col]` over its entries `ent` (`[u16 col][f16]` each)
-    /// with corrections `delta`, for each token `xs[j]`, one entry at a time in file
-    /// order. Up to 8 entries run in 8 fixed slots, those past `n` re-reading entry
-    /// `n − 1` with a correction of 0: the loop no longer ends at the row's entry count,
-    /// which varies from row to row and was mispredicted at nearly every row's end
-    /// (Qwen2.5-0.5B decode +3.5%). A padding slot adds `0·x` to a sum that already holds
-    /// `delta·x` of the same `x`: only a non-finite `x` tells, ±∞ becoming NaN. (Written
-    /// as `e.min(n − 1)` the index compiled to slower code: −4%.)
+    impl OvRow<'_> {
+        /// Entry `i`'s `delta` (`i < len()`); F16C for an entry's own value.
+        #[inline(always)]
+        unsafe fn delta_at(&self, i: usize) -> f32 {
+            match self.delta {
+                Some(d) => *d.get_unchecked(i),
+                None => h2f(u16::from_le_bytes([
+                    *self.ent.get_unchecked(Q1T_ENTRY * i + 2),
+                    *self.ent.get_unchecked(Q1T_ENTRY * i + 3),
+                ])),
+            }
+        }
+
+        /// The `delta`s of the 8 entries from `e` whose words are `ev` (the lanes of
+        /// `keep`; the others 0). AVX2 + F16C.
+        #[inline(always)]
+        unsafe fn deltas8(&self, e: usize, ev: __m256i, keep: __m256i) -> __m256 {
+            match self.delta {
+                Some(d) => _mm256_maskload_ps(d.as_ptr().add(e), keep),
+                None => {
+                    // The words' upper halves packed per 128-bit lane, the two lanes' four
+                    // joined: the 8 values in entry order.
+                    let hi = _mm256_srli_epi32::<16>(ev);
+                    let packed = _mm256_packus_epi32(hi, hi);
+                    let joined = _mm256_permute4x64_epi64::<0b1000>(packed);
+                    _mm256_cvtph_ps(_mm256_castsi256_si128(joined))
+                }
+            }
+        }
+
+        /// The `delta`s of the 16 entries from `e` whose words are `ev` (the lanes of `k`;
+        /// the others 0). AVX-512 F.
+        #[inline(always)]
+        unsafe fn deltas16(&self, e: usize, ev: __m512i, k: __mmask16) -> __m512 {
+            match self.delta {
+                Some(d) => _mm512_maskz_loadu_ps(k, d.as_ptr().add(e)),
+                None => _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(ev))),
+            }
+        }
+    }
+
+    /// One row's overlay `ov`, `Σ delta·x[col]` over its entries, for each token `xs[j]`,
+    /// one entry at a time in file order. Up to 8 entries run in 8 fixed slots, those past
+    /// `n` re-reading entry `n − 1` with a correction of 0: the loop no longer ends at the
+    /// row's entry count, which varies from row to row and was mispredicted at nearly every
+    /// row's end (Qwen2.5-0.5B decode +3.5%). A padding slot adds `0·x` to a sum that
+    /// already holds `delta·x` of the same `x`: only a non-finite `x` tells, ±∞ becoming
+    /// NaN. (Written as `e.min(n − 1)` the index compiled to slower code: −4%.)
     #[inline(always)]
-    unsafe fn overlay_sums<X: ColAt, const T: usize>(
-        ent: &[u8],
-        delta: &[f32],
-        xs: &[X; T],
-    ) -> [f32; T] {
-        let n = delta.len();
+    unsafe fn overlay_sums<X: ColAt, const T: usize>(ov: OvRow, xs: &[X; T]) -> [f32; T] {
+        let n = ov.len();
         let mut c = [0f32; T];
         if n == 0 {
             return c;
@@ -766,9 +854,11 @@ mod simd {
         let slots = if n <= 8 { 8 } else { n };
         for e in 0..slots {
             let i = if e < n { e } else { n - 1 };
-            let dl = if e < n { *delta.get_unchecked(i) } else { 0.0 };
-            let col =
-                u16::from_le_bytes([*ent.get_unchecked(4 * i), *ent.get_unchecked(4 * i + 1)]);
+            let dl = if e < n { ov.delta_at(i) } else { 0.0 };
+            let col = u16::from_le_bytes([
+                *ov.ent.get_unchecked(Q1T_ENTRY * i),
+                *ov.ent.get_unchecked(Q1T_ENTRY * i + 1),
+            ]);
             for (c, x) in c.iter_mut().zip(xs) {
                 *c += dl * x.at(col as usize);
             }
@@ -776,23 +866,18 @@ mod simd {
         c
     }
 
-    /// Adds one row's overlay, `Σ delta·x[col]` over its entries `ent` (`[u16 col][f16]`
-    /// each) with corrections `delta`, into the accumulators `acc[j]` of the tokens `xs[j]`
-    /// (before their horizontal sum): up to 8 entries (most rows at the encoder's default
-    /// density) one by one into lane 0, more 16 at a time by gathers.
+    /// Adds one row's overlay `ov`, `Σ delta·x[col]` over its entries, into the
+    /// accumulators `acc[j]` of the tokens `xs[j]` (before their horizontal sum): up to 8
+    /// entries (most rows at the encoder's default density) one by one into lane 0, more
+    /// 16 at a time by gathers.
     #[inline(always)]
-    unsafe fn overlay<X: Gather, const T: usize>(
-        ent: &[u8],
-        delta: &[f32],
-        acc: &mut [__m512; T],
-        xs: &[X; T],
-    ) {
-        let n = delta.len();
+    unsafe fn overlay<X: Gather, const T: usize>(ov: OvRow, acc: &mut [__m512; T], xs: &[X; T]) {
+        let n = ov.len();
         if n == 0 {
             return;
         }
         if n <= 8 {
-            let c = overlay_sums(ent, delta, xs);
+            let c = overlay_sums(ov, xs);
             for (a, c) in acc.iter_mut().zip(c) {
                 *a = _mm512_mask_add_ps(*a, 1, *a, _mm512_set1_ps(c));
             }
@@ -801,9 +886,9 @@ mod simd {
         let mut e = 0;
         while e < n {
             let k: __mmask16 = if n - e >= 16 { !0 } else { (1 << (n - e)) - 1 };
-            let ev = _mm512_maskz_loadu_epi32(k, ent.as_ptr().add(Q1T_ENTRY * e) as *const i32);
+            let ev = _mm512_maskz_loadu_epi32(k, ov.ent.as_ptr().add(Q1T_ENTRY * e) as *const i32);
             let cols = _mm512_and_si512(ev, _mm512_set1_epi32(0xFFFF));
-            let dl = _mm512_maskz_loadu_ps(k, delta.as_ptr().add(e));
+            let dl = ov.deltas16(e, ev, k);
             for (acc, x) in acc.iter_mut().zip(xs) {
                 *acc = _mm512_fmadd_ps(x.gather(cols, k), dl, *acc);
             }
@@ -826,7 +911,7 @@ mod simd {
         tiles: &[&[u8]; R],
         groups: usize,
         xs: &[&[f32]; T],
-        ov: &[(&[u8], &[f32]); R],
+        ov: &[OvRow; R],
     ) -> [[f32; T]; R] {
         let shuf = ld512(&W512.0);
         let mul = ld512(&W512.1);
@@ -875,8 +960,8 @@ mod simd {
             }
         }
         let mut out = [[0f32; T]; R];
-        for ((o, a), &(ent, delta)) in out.iter_mut().zip(acc.iter_mut()).zip(ov) {
-            overlay(ent, delta, a, xs);
+        for ((o, a), &ov) in out.iter_mut().zip(acc.iter_mut()).zip(ov) {
+            overlay(ov, a, xs);
             for (o, a) in o.iter_mut().zip(a.iter()) {
                 *o = _mm512_reduce_add_ps(*a);
             }
@@ -1294,11 +1379,15 @@ mod simd {
     /// Asks for the rows' overlay entries and corrections [`OVERLAY_AHEAD`] on, as each
     /// kernel starts its rows.
     #[inline(always)]
-    unsafe fn prefetch_overlays<const N: usize>(ov: &[(&[u8], &[f32]); N]) {
-        for (ent, delta) in ov {
+    unsafe fn prefetch_overlays<const N: usize>(ov: &[OvRow; N]) {
+        for o in ov {
             // A prefetch never faults: the addresses may lie past the payload.
-            _mm_prefetch::<_MM_HINT_T0>(ent.as_ptr().wrapping_add(OVERLAY_AHEAD) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(delta.as_ptr().wrapping_add(OVERLAY_AHEAD / 4) as *const i8);
+            let ent = o.ent.as_ptr().wrapping_add(OVERLAY_AHEAD);
+            _mm_prefetch::<_MM_HINT_T0>(ent as *const i8);
+            if let Some(delta) = o.delta {
+                let delta = delta.as_ptr().wrapping_add(OVERLAY_AHEAD / 4);
+                _mm_prefetch::<_MM_HINT_T0>(delta as *const i8);
+            }
         }
     }
 
@@ -1308,7 +1397,7 @@ mod simd {
     unsafe fn row_starts<const N: usize>(
         tiles: [&[u8]; N],
         groups: usize,
-        ov: &[(&[u8], &[f32]); N],
+        ov: &[OvRow; N],
     ) -> [*const u8; N] {
         prefetch_overlays(ov);
         std::array::from_fn(|r| {
@@ -1325,7 +1414,7 @@ mod simd {
         tiles: [&[u8]; N],
         groups: usize,
         toks: &[DmTok; T],
-        ov: [(&[u8], &[f32]); N],
+        ov: [OvRow; N],
     ) -> [[f32; T]; N] {
         let ps = row_starts(tiles, groups, &ov);
         let mut acc = [[_mm512_setzero_ps(); T]; N];
@@ -1349,7 +1438,7 @@ mod simd {
         }
         let mut out = [[0f32; T]; N];
         for r in 0..N {
-            overlay(ov[r].0, ov[r].1, &mut acc[r], toks);
+            overlay(ov[r], &mut acc[r], toks);
             for (o, a) in out[r].iter_mut().zip(&acc[r]) {
                 *o = _mm512_reduce_add_ps(*a);
             }
@@ -1573,7 +1662,7 @@ mod simd {
         rows: [(&[u64], &[u16]); N],
         groups: usize,
         toks: &[DmTok; T],
-        ov: [(&[u8], &[f32]); N],
+        ov: [OvRow; N],
     ) -> [[f32; T]; N] {
         prefetch_overlays(&ov);
         let mut acc = [[_mm512_setzero_ps(); T]; N];
@@ -1596,7 +1685,7 @@ mod simd {
         }
         let mut out = [[0f32; T]; N];
         for r in 0..N {
-            overlay(ov[r].0, ov[r].1, &mut acc[r], toks);
+            overlay(ov[r], &mut acc[r], toks);
             for (o, a) in out[r].iter_mut().zip(&acc[r]) {
                 *o = _mm512_reduce_add_ps(*a);
             }
@@ -1796,7 +1885,7 @@ mod simd {
         tiles: &[u8],
         groups: usize,
         toks: &[DmTok; T],
-        ov: (&[u8], &[f32]),
+        ov: OvRow,
     ) -> [f32; T] {
         let [p] = row_starts([tiles], groups, &[ov]);
         let mut acc = [_mm256_setzero_ps(); T];
@@ -1827,25 +1916,21 @@ mod simd {
         finish_avx2::<T, SPLIT>(&acc, toks, ov)
     }
 
-    /// One row's overlay on AVX2, `delta·x[col]` over its entries `ent` (`[u16 col][f16]`
-    /// each) with corrections `delta`, for each token `xs[j]`: 8 entries per gather into
-    /// the lanes of one vector per token (lanes past the row's count gather and add
-    /// nothing).
+    /// One row's overlay `ov` on AVX2, `delta·x[col]` over its entries, for each token
+    /// `xs[j]`: 8 entries per gather into the lanes of one vector per token (lanes past the
+    /// row's count gather and add nothing).
     #[inline(always)]
-    unsafe fn overlay_avx2<const T: usize>(
-        ent: &[u8],
-        delta: &[f32],
-        xs: &[DmTok; T],
-    ) -> [__m256; T] {
-        let n = delta.len();
+    unsafe fn overlay_avx2<const T: usize>(ov: OvRow, xs: &[DmTok; T]) -> [__m256; T] {
+        let n = ov.len();
         let mut v = [_mm256_setzero_ps(); T];
         let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         let mut e = 0;
         while e < n {
             let keep = _mm256_cmpgt_epi32(_mm256_set1_epi32((n - e).min(8) as i32), iota);
-            let ev = _mm256_maskload_epi32(ent.as_ptr().add(Q1T_ENTRY * e) as *const i32, keep);
+            let at = ov.ent.as_ptr().add(Q1T_ENTRY * e);
+            let ev = _mm256_maskload_epi32(at as *const i32, keep);
             let cols = _mm256_and_si256(ev, _mm256_set1_epi32(0xFFFF));
-            let dl = _mm256_maskload_ps(delta.as_ptr().add(e), keep);
+            let dl = ov.deltas8(e, ev, keep);
             for (v, x) in v.iter_mut().zip(xs) {
                 let z = _mm256_setzero_ps();
                 let xv = _mm256_mask_i32gather_ps::<4>(z, x.xf, cols, _mm256_castsi256_ps(keep));
@@ -1862,11 +1947,11 @@ mod simd {
     unsafe fn finish_avx2<const T: usize, const SPLIT: bool>(
         acc: &[__m256; T],
         toks: &[DmTok; T],
-        (ent, delta): (&[u8], &[f32]),
+        ov: OvRow,
     ) -> [f32; T] {
         // Loops, not closures: a closure would not inherit the caller's target features,
         // and its intrinsics would not inline.
-        let over = overlay_avx2(ent, delta, toks);
+        let over = overlay_avx2(ov, toks);
         let mut out = [0f32; T];
         for j in 0..T {
             let v = if SPLIT {
@@ -2110,7 +2195,7 @@ mod simd {
         rows: [(&[u64], &[u16]); N],
         groups: usize,
         toks: &[DmTok; T],
-        ov: [(&[u8], &[f32]); N],
+        ov: [OvRow; N],
     ) -> [[f32; T]; N] {
         prefetch_overlays(&ov);
         for (w, sc) in &rows {
@@ -2872,14 +2957,38 @@ impl Tile for IntTile<'_> {
         put: &mut P,
     ) {
         let rs = cx.rows::<R>(o);
-        let d = Q1tRows::<R>::new_at(cx.g, cx.bytes, rs);
+        match cx.planes {
+            Some(p) => {
+                let d = Q1tPlaneRows::<R>::new_at(p, rs);
+                self.run::<_, P, R, T>(cx, &d, (o, j), &rs, put)
+            }
+            None => {
+                let d = Q1tRows::<R>::new_at(cx.g, cx.bytes, rs);
+                self.run::<_, P, R, T>(cx, &d, (o, j), &rs, put)
+            }
+        }
+    }
+}
+
+impl IntTile<'_> {
+    /// [`Tile::tile`] over rows `d` (the file's tiles or the repacked rows).
+    #[inline(always)]
+    fn run<D: kernel::IntRows, P: FnMut(usize, usize, f32), const R: usize, const T: usize>(
+        &self,
+        cx: &Q1tProduct,
+        d: &D,
+        (o, j): (usize, usize),
+        rs: &[usize; R],
+        put: &mut P,
+    ) {
+        let rs = *rs;
         let mut out = [[0f32; T]; R];
         if let Some(one) = &self.one {
             // `T == 1` exactly when the conversions succeed.
             if let (true, Ok(xs), Ok(xf)) =
                 (one.j == j, one.x[..].try_into(), one.deq[..].try_into())
             {
-                kernel::run_int::<_, R, T>(cx.k, &d, xs, &mut out);
+                kernel::run_int::<_, R, T>(cx.k, d, xs, &mut out);
                 let xf: &[&[f32]; T] = xf;
                 return if xf[0].is_empty() {
                     cx.finish((o, j), &rs, xs, out, put)
@@ -2889,7 +2998,7 @@ impl Tile for IntTile<'_> {
             }
         }
         let xs: [QToken; T] = std::array::from_fn(|q| self.qa.token(j + q));
-        kernel::run_int::<_, R, T>(cx.k, &d, &xs, &mut out);
+        kernel::run_int::<_, R, T>(cx.k, d, &xs, &mut out);
         cx.finish((o, j), &rs, &xs, out, put);
     }
 }

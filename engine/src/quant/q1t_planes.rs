@@ -15,9 +15,12 @@
 //! - Peak RSS: SmolLM2 58–63 → 63.5 MiB, Qwen2.5 212 → 236 MiB, once the loader released
 //!   the 2 MiB pages around each repacked matrix and again after each layer (the layer's
 //!   norms and biases, read after its matrices, had mapped their shared pages back: the
-//!   peak had been 88 and 290 MiB). Resident after load: 54 and 226 MiB of anonymous
-//!   memory, none of the file.
-//!
+//!   peak had been 88 and 290 MiB). Then the codes under the overlay's entries were
+//!   cleared, so that the copied entries need no f32 corrections (4 bytes an entry), and
+//!   an untied embedding (of which a model reads only rows) stopped being repacked:
+//!   SmolLM2 59.6 MiB, Qwen2.5 199–202 MiB (171 MiB anonymous after load, for a 189 MiB
+//!   file), and SmolLM2's decode 1.21× faster (paired), its rows' second stream gone.
+
 //! # What it gains and costs at AVX-512 (Zen 4 VM, 2 threads, paired with `scripts/ab-bench.py`)
 //! - Qwen2.5-Coder-0.5B `q1t` decode 1.15× and 1.185× in two sets of 6 rounds; prefill
 //!   unchanged (0.998); load 64–78 → 228–498 ms; peak RSS 222 → 296 MiB (the file is
@@ -50,18 +53,20 @@
 //!
 //! # Memory
 //! 10 bytes per tile against the file's 9: the repacked rows take 1.11× the file's tiles.
-//! The matrix also copies its overlay's `row_ptr` and entries (4 bytes an entry, beside
-//! the 4 of its corrections), so that nothing reads the payload after load, and the model
-//! loader then drops the mapping's pages of it (`MADV_DONTNEED`, see
-//! `format::file::CmfFile::release_pages`, after the whole model is loaded: a 2 MiB page
-//! of the file shared with a tensor read later would map back whole): the process does
-//! not hold both forms. A cold matrix is repacked like the others: the repack happens at
-//! load. The rows live in huge pages ([`super::arena`]).
+//! The matrix also copies its overlay's `row_ptr` and entries (4 bytes an entry), so that
+//! nothing reads the payload after load, and the model loader drops the mapping's pages
+//! of it as it goes (`MADV_DONTNEED`, see `format::file::CmfFile::release_pages_around`):
+//! the process does not hold both forms. Only matrices the model multiplies are repacked
+//! (not a skill's replacements, nor an untied embedding). The rows live in huge pages
+//! ([`super::arena`]).
 //!
 //! The repack is exact: [`Q1tPlaneRows`] gives the same codes, scales and decoded weights
 //! as [`super::q1t_kernel::Q1tRows`] over the file's tiles (tested for every byte value,
-//! the non-canonical 243..=255 included), so every path over it computes what the same
-//! path over the file would.
+//! the non-canonical 243..=255 included). A matrix then clears the code under each overlay
+//! entry ([`Q1tPlanes::clear_code`], `Q1tOverlay::own`): the entry adds its whole value
+//! where the file's form adds `value − base`, the same weight, so every path computes the
+//! same product within the f32 bound (decoded rows bit for bit), and every product of the
+//! matrix, at every level, reads the repacked rows.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -137,6 +142,16 @@ impl Q1tPlanes {
             code.copy_from_slice(&word.to_le_bytes());
         }
         Q1tPlanes { groups, n, mem }
+    }
+
+    /// Sets weight `col` of row `r` to code 0 (`u = 1`): the matrix's overlay then adds
+    /// its entry's whole value there ([`super::q1t_kernel::Q1tOverlay::own`]).
+    pub(crate) fn clear_code(&mut self, r: usize, col: usize) {
+        let at = 8 * (r * self.groups + col / STEP);
+        let word = &mut self.mem.bytes_mut()[at..at + 8];
+        let p = position(col % STEP);
+        let w = u64::from_le_bytes((&*word).try_into().expect("8 bytes")) & !(3 << p) | 1 << p;
+        word.copy_from_slice(&w.to_le_bytes());
     }
 
     /// All tile words (little-endian `u64`s, which x86-64 and AArch64 are).
