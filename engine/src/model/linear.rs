@@ -116,6 +116,9 @@ pub struct Linear {
     pub alts: Vec<SkillWeight>,
     /// This linear's slot in a [`Blend`], when some skill replaces it.
     pub slot: Option<u32>,
+    /// Read a row at a time ([`Linear::load_rows`]): its mapped pages are dropped after
+    /// each step's reads ([`Linear::release_rows`]).
+    rows_only: bool,
 }
 
 impl Linear {
@@ -141,9 +144,22 @@ impl Linear {
         out_dim: usize,
         in_dim: usize,
     ) -> Result<Linear, ModelError> {
-        let l = Linear::load_as(file, name, (out_dim, in_dim), false)?;
+        let mut l = Linear::load_as(file, name, (out_dim, in_dim), false)?;
         file.shards[l.shard].read_sparsely(l.range.clone());
+        l.rows_only = true;
         Ok(l)
+    }
+
+    /// For a matrix read a row at a time ([`Linear::load_rows`]): drops what is mapped of
+    /// its pages, once a row has been read. On Linux 6.18 a row's read maps the whole
+    /// page-cache folio it lies in (up to 2 MiB, whatever the advice), so over a run most
+    /// of the matrix would end up mapped (Qwen2.5-Coder-0.5B `q1t`: 18 of its 40 MiB after
+    /// 136 tokens, and a 64-token prefill peaked 37 MiB higher); this costs one `madvise`
+    /// and a fault per token. Nothing for other matrices.
+    pub fn release_rows(&self) {
+        if self.rows_only {
+            self.file.shards[self.shard].release_pages(self.range.clone());
+        }
     }
 
     /// [`Linear::load`], of a matrix the model may never multiply (`hot` false:
@@ -189,6 +205,7 @@ impl Linear {
             precision: Precision::default(),
             alts: Vec::new(),
             slot: None,
+            rows_only: false,
         })
     }
 

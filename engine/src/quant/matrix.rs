@@ -116,24 +116,31 @@ impl Matrix {
     /// (`CORTIQ_Q1T_REPACK=0`: nowhere); see [`super::q1t_planes`] for what it gains and
     /// costs.
     pub fn new(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<Matrix, QuantError> {
-        Matrix::build(dtype, shape, bytes, repack_q1t(Kernel::detect()))
+        Matrix::build(
+            dtype,
+            shape,
+            bytes,
+            Use::Hot {
+                repack: repack_q1t(Kernel::detect()),
+            },
+        )
     }
 
     /// [`Matrix::new`] that repacks a `q1t` matrix where the digit-major kernel runs
     /// ([`Q1tPlanes`]: 1.11× its tiles in memory, its overlay's entries copied,
     /// [`Matrix::payload_unread`]).
     pub fn new_repacked(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<Matrix, QuantError> {
-        Matrix::build(dtype, shape, bytes, true)
+        Matrix::build(dtype, shape, bytes, Use::Hot { repack: true })
     }
 
     /// [`Matrix::new`] for a matrix that may never be multiplied (a skill's replacement,
     /// selected or not): never repacked, so that while it is unused it costs no memory
     /// (DESIGN.md: cold weights cost no RSS).
     pub fn new_cold(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<Matrix, QuantError> {
-        Matrix::build(dtype, shape, bytes, false)
+        Matrix::build(dtype, shape, bytes, Use::Cold)
     }
 
-    fn build(dtype: DType, shape: &[u64], bytes: &[u8], hot: bool) -> Result<Matrix, QuantError> {
+    fn build(dtype: DType, shape: &[u64], bytes: &[u8], using: Use) -> Result<Matrix, QuantError> {
         validate(dtype, shape, bytes)?;
         let g = geometry(dtype, shape)?;
         let kernel = Kernel::detect();
@@ -150,8 +157,10 @@ impl Matrix {
             },
             DType::Q1s => RowIndex::Q1s(Q1sRowIndex::new(g, bytes).map_err(bad)?),
             DType::Q1t => {
-                let mut ov = Q1tOverlay::new(g, bytes).map_err(bad)?;
-                let planes = (hot && planes_run_on(kernel)).then(|| {
+                let hot = matches!(using, Use::Hot { .. });
+                let repack = matches!(using, Use::Hot { repack: true }) && planes_run_on(kernel);
+                let mut ov = Q1tOverlay::new(g, bytes, hot && !repack).map_err(bad)?;
+                let planes = repack.then(|| {
                     let mut p = Q1tPlanes::new(g, bytes);
                     ov.own(g, bytes, &mut p);
                     Arc::new(p)
@@ -541,6 +550,17 @@ fn col_field(m: &Matrix) -> Option<&[f32]> {
         RowIndex::ColField(col) => Some(col),
         _ => None,
     }
+}
+
+/// How a matrix will be used, as [`Matrix::build`] prepares it.
+#[derive(Clone, Copy)]
+enum Use {
+    /// Multiplied by the model; a `q1t` matrix repacked when `repack` (and the level runs
+    /// the planes kernel).
+    Hot { repack: bool },
+    /// Perhaps never multiplied (a skill's replacement, an untied embedding): nothing
+    /// prepared that reads the payload or holds memory.
+    Cold,
 }
 
 /// Whether [`Matrix::new`] repacks `q1t` matrices at kernel level `k`:

@@ -177,19 +177,28 @@ fn trit(b: u8, a: usize) -> usize {
 /// instructions of a decode step at the default 0.5 % of entries). 4 bytes per entry,
 /// about 0.02 bytes per weight at that density (the file holds 0.3). A matrix repacked at
 /// load needs no corrections ([`Q1tOverlay::own`]): there the base under an entry is 0.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) struct Q1tOverlay {
+    /// The matrix's geometry.
+    g: Geom,
     /// Byte offset of `row_ptr`.
     row_ptr: usize,
     /// Byte offset of the entries.
     entries: usize,
+    /// Entries in the overlay.
+    count: usize,
     /// Per entry: `value − base` in f32, or 0 when a later entry of the same row and
     /// column overrides it (the spec allows repeats, the later wins, as for `q1s`).
-    delta: Vec<f32>,
+    /// Computed at load for a matrix the model multiplies, at its first product for a cold
+    /// one (a skill's replacement, an untied embedding: computing them reads every page
+    /// of the tiles with entries, and their 4 bytes an entry stay), never with `owned`.
+    /// Shared by clones (a tied head).
+    delta: std::sync::Arc<std::sync::OnceLock<Vec<f32>>>,
     /// With repacked rows ([`Q1tPlanes`], the codes under the entries cleared): `row_ptr`
     /// and the entries copied into huge pages ([`super::arena`]), so that nothing reads the
     /// payload after load (its pages can go, see `Matrix::payload_unread`) and the
-    /// overlay's streams do not walk 4 KiB pages; `delta` is then empty ([`OvRow`]).
+    /// overlay's streams do not walk 4 KiB pages; `delta` is then not computed
+    /// ([`OvRow`]).
     owned: Option<std::sync::Arc<OwnedOverlay>>,
 }
 
@@ -218,39 +227,64 @@ impl OwnedOverlay {
 }
 
 impl Q1tOverlay {
-    /// Validates a `q1t` payload and computes its entries' corrections: O(entries + cols).
-    pub(crate) fn new(g: Geom, bytes: &[u8]) -> Result<Q1tOverlay, String> {
+    /// Validates a `q1t` payload, and with `hot` computes its entries' corrections now:
+    /// O(entries + cols).
+    pub(crate) fn new(g: Geom, bytes: &[u8], hot: bool) -> Result<Q1tOverlay, String> {
         let l = validate_q1t(g, bytes)?;
-        let mut ov = Q1tOverlay {
+        let ov = Q1tOverlay {
+            g,
             row_ptr: l.row_ptr,
             entries: l.entries,
-            delta: vec![0.0; l.count],
+            count: l.count,
+            delta: Default::default(),
             owned: None,
         };
+        if hot {
+            ov.deltas(bytes);
+        }
+        Ok(ov)
+    }
+
+    /// Whether the entries' corrections have been computed (tests).
+    #[cfg(test)]
+    pub(crate) fn deltas_computed(&self) -> bool {
+        self.delta.get().is_some()
+    }
+
+    /// The entries' corrections, computed on first use.
+    #[inline(always)]
+    fn deltas(&self, bytes: &[u8]) -> &[f32] {
+        self.delta.get_or_init(|| self.compute_deltas(bytes))
+    }
+
+    #[cold]
+    fn compute_deltas(&self, bytes: &[u8]) -> Vec<f32> {
+        let g = self.g;
+        let mut delta = vec![0.0; self.count];
         // Per column: (row + 1, entry) of the last entry seen in that column.
-        let mut last = vec![(0usize, 0usize); if l.count > 1 { g.cols } else { 0 }];
+        let mut last = vec![(0usize, 0usize); if self.count > 1 { g.cols } else { 0 }];
         for r in 0..g.rows {
-            let es = ov.range(bytes, r);
+            let es = self.range(bytes, r);
             if es.is_empty() {
                 continue;
             }
             let d = Q1tRows::<1>::new_at(g, bytes, [r]);
             for e in es {
-                let at = ov.entries + e * Q1T_ENTRY;
+                let at = self.entries + e * Q1T_ENTRY;
                 let col = le16(bytes, at) as usize;
                 // The one base weight under the entry (decoding its whole tile, per entry,
                 // took 0.4 s of Qwen2.5-0.5B's load).
                 let base = base_weight(d.tile(0, col / STEP), col % STEP);
-                ov.delta[e] = h2f_scalar(le16(bytes, at + 2)) - base;
+                delta[e] = h2f_scalar(le16(bytes, at + 2)) - base;
                 if let Some(seen) = last.get_mut(col) {
                     if seen.0 == r + 1 {
-                        ov.delta[seen.1] = 0.0;
+                        delta[seen.1] = 0.0;
                     }
                     *seen = (r + 1, e);
                 }
             }
         }
-        Ok(ov)
+        delta
     }
 
     /// Copies `row_ptr` and the entries into huge pages for a matrix whose rows are
@@ -260,7 +294,7 @@ impl Q1tOverlay {
     /// the copy. The f32 corrections go: 4 bytes an entry less in memory and in each
     /// token's stream (Qwen2.5-Coder-0.5B: 12 MiB of 3.2 M entries).
     pub(crate) fn own(&mut self, g: Geom, bytes: &[u8], planes: &mut Q1tPlanes) {
-        let count = self.delta.len();
+        let count = self.count;
         let (np, ne) = (4 * (g.rows + 1), Q1T_ENTRY * count);
         let mut mem = super::arena::alloc(np + ne);
         let b = mem.bytes_mut();
@@ -282,7 +316,6 @@ impl Q1tOverlay {
                 }
             }
         }
-        self.delta = Vec::new();
         self.owned = Some(std::sync::Arc::new(OwnedOverlay {
             mem,
             rows: g.rows,
@@ -312,7 +345,7 @@ impl Q1tOverlay {
             },
             None => OvRow {
                 ent: &bytes[self.entries + es.start * Q1T_ENTRY..self.entries + es.end * Q1T_ENTRY],
-                delta: Some(&self.delta[es]),
+                delta: Some(&self.deltas(bytes)[es]),
             },
         }
     }

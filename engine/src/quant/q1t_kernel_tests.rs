@@ -18,7 +18,7 @@
 use super::kernel::{ActOrder, IntRowsScalar, Kernel, QuantizedActs, RowsScalar};
 use super::matrix::{
     matmul_rows_with, matmul_with, matvec_multi, matvec_rows_with, matvec_with, planes_run_on,
-    Matrix, MatvecPart, Precision,
+    q1t_overlay, Matrix, MatvecPart, Precision,
 };
 use super::q1t_kernel::{Q1tRows, DIV};
 use super::*;
@@ -767,6 +767,11 @@ fn repacked_and_cold_matrices_agree() {
                 let mut cold = Matrix::new_cold(DType::Q1t, &shape(g), &b).unwrap();
                 assert_eq!(hot.payload_unread(), planes, "{rows}x{cols}");
                 assert!(!cold.payload_unread());
+                // Corrections: a repacked matrix needs none, a cold one not before its
+                // first product.
+                let computed = |m: &Matrix| q1t_overlay(m).unwrap().deltas_computed();
+                assert_eq!(computed(&hot), !planes, "{rows}x{cols} repacked");
+                assert!(!computed(&cold), "{rows}x{cols} cold, at load");
                 hot.set_kernel(level).unwrap();
                 cold.set_kernel(level).unwrap();
                 let (mut a, mut c) = (vec![0f32; cols], vec![0f32; cols]);
@@ -786,6 +791,8 @@ fn repacked_and_cold_matrices_agree() {
                         let what = format!("{level:?} {p:?} {rows}x{cols} {ov:?} t={t}");
                         check(&format!("{what} repacked"), &yh, &want);
                         check(&format!("{what} cold"), &yc, &want);
+                        assert_eq!(computed(&hot), !planes, "{what} repacked");
+                        assert!(computed(&cold), "{what} cold, multiplied");
                         if in_panels(&hot, p, t) {
                             continue;
                         }

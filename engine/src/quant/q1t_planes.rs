@@ -17,9 +17,11 @@
 //!   norms and biases, read after its matrices, had mapped their shared pages back: the
 //!   peak had been 88 and 290 MiB). Then the codes under the overlay's entries were
 //!   cleared, so that the copied entries need no f32 corrections (4 bytes an entry), and
-//!   an untied embedding (of which a model reads only rows) stopped being repacked:
-//!   SmolLM2 59.6 MiB, Qwen2.5 199–202 MiB (171 MiB anonymous after load, for a 189 MiB
-//!   file), and SmolLM2's decode 1.21× faster (paired), its rows' second stream gone.
+//!   an untied embedding (of which a model reads only rows) stopped being repacked, and
+//!   a cold matrix's overlay computing its corrections before its first product:
+//!   SmolLM2 59.6–65 MiB, Qwen2.5 183–188 MiB (169–175 MiB anonymous, for a 188.8 MiB
+//!   file), and SmolLM2's decode 1.21× faster in one paired set, its rows' second stream
+//!   gone.
 
 //! # What it gains and costs at AVX-512 (Zen 4 VM, 2 threads, paired with `scripts/ab-bench.py`)
 //! - Qwen2.5-Coder-0.5B `q1t` decode 1.15× and 1.185× in two sets of 6 rounds; prefill
@@ -78,6 +80,8 @@ use super::Geom;
 
 /// Code bytes of a tile (after its 2-byte scale).
 const CODE_BYTES: usize = Q1T_TILE - 2;
+/// Tiles per part of a parallel repack (about 300 KiB of the file's bytes).
+const REPACK_TILES: usize = 1 << 15;
 
 /// Bit position of weight `k` (0..32) in its tile word.
 const fn position(k: usize) -> usize {
@@ -121,26 +125,39 @@ pub(crate) struct Q1tPlanes {
     mem: Slab,
 }
 
+/// Repacks `tiles` (whole tiles of the file) into their `codes` and `scales`.
+fn repack_part(tiles: &[u8], codes: &mut [u8], scales: &mut [u8]) {
+    for ((tile, code), scale) in tiles
+        .chunks_exact(Q1T_TILE)
+        .zip(codes.chunks_exact_mut(8))
+        .zip(scales.chunks_exact_mut(2))
+    {
+        scale.copy_from_slice(&tile[..2]);
+        let mut word = 0;
+        for (place, &b) in PLACE.iter().zip(&tile[2..]) {
+            word |= place[b as usize];
+        }
+        code.copy_from_slice(&word.to_le_bytes());
+    }
+}
+
 impl Q1tPlanes {
     /// Repacks the tiles of a validated `q1t` payload: O(tiles), about 7 table lookups a
-    /// tile.
+    /// tile, in parts of [`REPACK_TILES`] tiles over the thread pool: a load's time is
+    /// mostly this (Qwen2.5-Coder-0.5B: 130 MiB of tiles, and the fresh pages' zeroing).
     pub(crate) fn new(g: Geom, bytes: &[u8]) -> Q1tPlanes {
+        use rayon::prelude::*;
         let groups = g.cols / STEP;
         let n = g.rows * groups;
         let mut mem = arena::alloc(10 * n);
         let (codes, scales) = mem.bytes_mut().split_at_mut(8 * n);
-        let tiles = bytes[..n * Q1T_TILE].chunks_exact(Q1T_TILE);
-        for ((tile, code), scale) in tiles
-            .zip(codes.chunks_exact_mut(8))
-            .zip(scales.chunks_exact_mut(2))
-        {
-            scale.copy_from_slice(&tile[..2]);
-            let mut word = 0;
-            for (place, &b) in PLACE.iter().zip(&tile[2..]) {
-                word |= place[b as usize];
-            }
-            code.copy_from_slice(&word.to_le_bytes());
-        }
+        let parts = bytes[..n * Q1T_TILE]
+            .par_chunks(REPACK_TILES * Q1T_TILE)
+            .zip(codes.par_chunks_mut(REPACK_TILES * 8))
+            .zip(scales.par_chunks_mut(REPACK_TILES * 2));
+        crate::exec::pool().install(|| {
+            parts.for_each(|((tiles, codes), scales)| repack_part(tiles, codes, scales))
+        });
         Q1tPlanes { groups, n, mem }
     }
 
