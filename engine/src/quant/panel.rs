@@ -415,9 +415,10 @@ impl OverlayJob<'_> {
 /// tokens transposed into the tile's order. Whether any of the rows has entries.
 ///
 /// # Safety
-/// AVX-512 F; `xt` is [`activation_columns`] with `tp` tokens per column, `toks.end + 15 ≤ tp`.
+/// AVX-512 F, F16C; `xt` is [`activation_columns`] with `tp` tokens per column,
+/// `toks.end + 15 ≤ tp`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,f16c")]
 unsafe fn overlay_panel(
     job: &OverlayJob,
     k0: usize,
@@ -478,7 +479,7 @@ const OVERLAY_BLOCKS: usize = 4;
 /// waited on each entry's random column, and was 8% of a 64-token `q1t` prefill.
 ///
 /// # Safety
-/// AVX-512 F; as [`overlay_panel`], with `j0 + 16·B ≤ tp`.
+/// AVX-512 F and F16C; as [`overlay_panel`], with `j0 + 16·B ≤ tp`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn overlay_sums<const B: usize>(
@@ -491,7 +492,7 @@ unsafe fn overlay_sums<const B: usize>(
     for (i, row) in rows.iter().enumerate() {
         let mut sum = [_mm512_setzero_ps(); B];
         for e in 0..row.len() {
-            let (col, delta) = row.get(e);
+            let (col, delta) = row.get_f16c(e);
             let at = col * tp + j0;
             let x = &xt[at..at + 16 * B];
             let delta = _mm512_set1_ps(delta);
@@ -603,10 +604,10 @@ unsafe fn activation_columns_avx2(
 /// 64-token `q1t` prefill at `avxvnni`.)
 ///
 /// # Safety
-/// AVX2 + FMA; `xt` is [`activation_columns_avx2`] with `tp` tokens per column,
+/// AVX2 + FMA + F16C; `xt` is [`activation_columns_avx2`] with `tp` tokens per column,
 /// `toks.end + 15 ≤ tp`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn overlay_panel_avx2(
     job: &OverlayJob,
     k0: usize,
@@ -633,17 +634,18 @@ unsafe fn overlay_panel_avx2(
     for (oct, rows) in rows.chunks_exact(8).enumerate() {
         for jb in (0..nt).step_by(8) {
             let j0 = toks.start + jb;
-            let sums: [__m256i; 8] = std::array::from_fn(|r| {
-                let row = rows[r];
+            // A loop, not `array::from_fn`: a closure would not inherit F16C and FMA.
+            let mut sums = [_mm256_setzero_si256(); 8];
+            for (s, row) in sums.iter_mut().zip(rows) {
                 let mut sum = _mm256_setzero_ps();
                 for e in 0..row.len() {
-                    let (col, delta) = row.get(e);
+                    let (col, delta) = row.get_f16c(e);
                     let at = col * tp + j0;
                     let x = _mm256_loadu_ps(xt[at..at + 8].as_ptr());
                     sum = _mm256_fmadd_ps(_mm256_set1_ps(delta), x, sum);
                 }
-                _mm256_castps_si256(sum)
-            });
+                *s = _mm256_castps_si256(sum);
+            }
             for (q, v) in transpose8(&sums).iter().enumerate() {
                 let at = (jb + q) * PANEL + 8 * oct;
                 _mm256_storeu_si256(corr[at..at + 8].as_mut_ptr() as *mut _, *v);
@@ -682,7 +684,7 @@ unsafe fn activation_columns_at(
 /// [`overlay_panel`] (AVX-512) or [`overlay_panel_avx2`], at the panels' level.
 ///
 /// # Safety
-/// AVX2 + FMA when `avx2`, else AVX-512 F; as the two functions'.
+/// AVX2 + FMA + F16C when `avx2`, else AVX-512 F and F16C; as the two functions'.
 unsafe fn overlay_panel_at(
     avx2: bool,
     job: &OverlayJob,
