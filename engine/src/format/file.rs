@@ -243,8 +243,11 @@ impl CmfFile {
     /// mapped of it now ([`CmfFile::release_pages_around`]), so that each later read maps
     /// the small pages around it and not the 2 MiB page the file's mapping would otherwise
     /// map whole. (On the Zen 3 VM, a 128-token run of Qwen2.5-Coder-0.5B had 298 of its
-    /// 343 MiB of `q4_block` mapped: most of the 130 MiB embedding, in 2 MiB pages.) A hint:
-    /// no byte changes.
+    /// 343 MiB of `q4_block` mapped: most of the 130 MiB embedding, in 2 MiB pages.) Linux
+    /// 6.18 still maps a read's whole page-cache folio (18.3 MiB of a `q1t` embedding
+    /// mapped after a run, 22.0 MiB without the advice), so the model also drops the
+    /// pages after each read (`model::linear::Linear::release_rows`). A hint: no byte
+    /// changes.
     pub fn read_sparsely(&self, range: std::ops::Range<usize>) {
         #[cfg(target_os = "linux")]
         if let Backing::Mmap(map) = &self.bytes {

@@ -135,9 +135,9 @@ impl Linear {
 
     /// The matrix `name`, checked to be `[out, in]`, of which the model only reads rows (an
     /// untied embedding): never repacked ([`Matrix::new_cold`]; a `q1t` embedding repacked
-    /// was 41 of Qwen2.5-Coder-0.5B's 226 MiB resident), and its pages released and mapped
-    /// 4 KiB at a time from then on ([`crate::format::file::CmfFile::read_sparsely`]), so
-    /// that a token maps the pages of its row.
+    /// was 41 of Qwen2.5-Coder-0.5B's 226 MiB resident), its pages released and advised
+    /// small ([`crate::format::file::CmfFile::read_sparsely`]), and dropped again after
+    /// each row read ([`Linear::release_rows`]: Linux 6.18 maps a row's whole folio).
     pub fn load_rows(
         file: &Arc<CmfModel>,
         name: &str,
