@@ -246,7 +246,7 @@ impl CmfFile {
     /// 343 MiB of `q4_block` mapped: most of the 130 MiB embedding, in 2 MiB pages.) Linux
     /// 6.18 still maps a read's whole page-cache folio (18.3 MiB of a `q1t` embedding
     /// mapped after a run, 22.0 MiB without the advice), so the model also drops the
-    /// pages after each read (`model::linear::Linear::release_rows`). A hint: no byte
+    /// pages after each read (`model::linear::Linear::row_in`). A hint: no byte
     /// changes.
     pub fn read_sparsely(&self, range: std::ops::Range<usize>) {
         #[cfg(target_os = "linux")]

@@ -117,7 +117,7 @@ pub struct Linear {
     /// This linear's slot in a [`Blend`], when some skill replaces it.
     pub slot: Option<u32>,
     /// Read a row at a time ([`Linear::load_rows`]): its mapped pages are dropped after
-    /// each step's reads ([`Linear::release_rows`]).
+    /// each row read ([`Linear::row_in`]).
     rows_only: bool,
 }
 
@@ -137,7 +137,7 @@ impl Linear {
     /// untied embedding): never repacked ([`Matrix::new_cold`]; a `q1t` embedding repacked
     /// was 41 of Qwen2.5-Coder-0.5B's 226 MiB resident), its pages released and advised
     /// small ([`crate::format::file::CmfFile::read_sparsely`]), and dropped again after
-    /// each row read ([`Linear::release_rows`]: Linux 6.18 maps a row's whole folio).
+    /// each row read ([`Linear::row_in`]: Linux 6.18 maps a row's whole folio).
     pub fn load_rows(
         file: &Arc<CmfModel>,
         name: &str,
@@ -148,18 +148,6 @@ impl Linear {
         file.shards[l.shard].read_sparsely(l.range.clone());
         l.rows_only = true;
         Ok(l)
-    }
-
-    /// For a matrix read a row at a time ([`Linear::load_rows`]): drops what is mapped of
-    /// its pages, once a row has been read. On Linux 6.18 a row's read maps the whole
-    /// page-cache folio it lies in (up to 2 MiB, whatever the advice), so over a run most
-    /// of the matrix would end up mapped (Qwen2.5-Coder-0.5B `q1t`: 18 of its 40 MiB after
-    /// 136 tokens, and a 64-token prefill peaked 37 MiB higher); this costs one `madvise`
-    /// and a fault per token. Nothing for other matrices.
-    pub fn release_rows(&self) {
-        if self.rows_only {
-            self.file.shards[self.shard].release_pages(self.range.clone());
-        }
     }
 
     /// [`Linear::load`], of a matrix the model may never multiply (`hot` false:
@@ -333,10 +321,18 @@ impl Linear {
         self.row_in(SkillSel::Base, r, out)
     }
 
-    /// Row `r` of the source `sel` picks.
+    /// Row `r` of the source `sel` picks (its pages then dropped if the matrix is read a
+    /// row at a time, [`Linear::load_rows`]).
     pub fn row_in(&self, sel: SkillSel, r: usize, out: &mut [f32]) {
         let v = self.view(sel);
-        v.m.row(v.bytes, r, out)
+        v.m.row(v.bytes, r, out);
+        if self.rows_only {
+            // Linux 6.18 maps the whole page-cache folio (up to 2 MiB) a read lies in,
+            // whatever the advice: over a run most of an untied embedding would end up
+            // mapped (Qwen2.5-Coder-0.5B `q1t`: 18 of its 40 MiB after 136 tokens, and a
+            // 64-token prefill peaked 37 MiB higher). One `madvise` and a fault per row.
+            self.file.shards[self.shard].release_pages(self.range.clone());
+        }
     }
 }
 

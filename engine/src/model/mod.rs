@@ -715,8 +715,6 @@ impl Model {
     /// [`Model::embed_token`] from the embedding `sel` picks.
     pub fn embed_token_in(&self, sel: linear::SkillSel, id: u32, out: &mut [f32]) {
         self.embed.row_in(sel, id as usize, out);
-        // Each row's pages at once: a prefill of 64 tokens mapped 37 MiB of folios.
-        self.embed.release_rows();
         if let Some(m) = self.config.embed_multiplier {
             out.iter_mut().for_each(|v| *v *= m);
         }

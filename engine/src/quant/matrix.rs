@@ -162,7 +162,7 @@ impl Matrix {
                 let mut ov = Q1tOverlay::new(g, bytes, hot && !repack).map_err(bad)?;
                 let planes = repack.then(|| {
                     let mut p = Q1tPlanes::new(g, bytes);
-                    ov.own(g, bytes, &mut p);
+                    ov.own(bytes, &mut p);
                     Arc::new(p)
                 });
                 RowIndex::Q1t(ov, planes)

@@ -227,9 +227,9 @@ impl OwnedOverlay {
 }
 
 impl Q1tOverlay {
-    /// Validates a `q1t` payload, and with `hot` computes its entries' corrections now:
-    /// O(entries + cols).
-    pub(crate) fn new(g: Geom, bytes: &[u8], hot: bool) -> Result<Q1tOverlay, String> {
+    /// Validates a `q1t` payload, and with `eager` computes its entries' corrections now
+    /// (else at first use): O(entries + cols).
+    pub(crate) fn new(g: Geom, bytes: &[u8], eager: bool) -> Result<Q1tOverlay, String> {
         let l = validate_q1t(g, bytes)?;
         let ov = Q1tOverlay {
             g,
@@ -239,7 +239,7 @@ impl Q1tOverlay {
             delta: Default::default(),
             owned: None,
         };
-        if hot {
+        if eager {
             ov.deltas(bytes);
         }
         Ok(ov)
@@ -261,30 +261,45 @@ impl Q1tOverlay {
     fn compute_deltas(&self, bytes: &[u8]) -> Vec<f32> {
         let g = self.g;
         let mut delta = vec![0.0; self.count];
-        // Per column: (row + 1, entry) of the last entry seen in that column.
-        let mut last = vec![(0usize, 0usize); if self.count > 1 { g.cols } else { 0 }];
-        for r in 0..g.rows {
-            let es = self.range(bytes, r);
-            if es.is_empty() {
-                continue;
-            }
+        let ents = &bytes[self.entries..self.entries + Q1T_ENTRY * self.count];
+        self.walk(bytes, ents, |r, e, col, shadowed| {
+            let at = e * Q1T_ENTRY;
+            // The one base weight under the entry (decoding its whole tile, per entry, took
+            // 0.4 s of Qwen2.5-0.5B's load).
             let d = Q1tRows::<1>::new_at(g, bytes, [r]);
-            for e in es {
-                let at = self.entries + e * Q1T_ENTRY;
-                let col = le16(bytes, at) as usize;
-                // The one base weight under the entry (decoding its whole tile, per entry,
-                // took 0.4 s of Qwen2.5-0.5B's load).
-                let base = base_weight(d.tile(0, col / STEP), col % STEP);
-                delta[e] = h2f_scalar(le16(bytes, at + 2)) - base;
+            let base = base_weight(d.tile(0, col / STEP), col % STEP);
+            delta[e] = h2f_scalar(le16(ents, at + 2)) - base;
+            if let Some(s) = shadowed {
+                delta[s] = 0.0;
+            }
+        });
+        delta
+    }
+
+    /// Walks the entries `ents` (the payload's, or a copy of them) row by row in file
+    /// order: `f(row, entry, col, shadowed)`, `shadowed` the earlier entry of the same row
+    /// and column that this one overrides (the spec's later wins). O(entries + cols).
+    fn walk(
+        &self,
+        bytes: &[u8],
+        ents: &[u8],
+        mut f: impl FnMut(usize, usize, usize, Option<usize>),
+    ) {
+        // Per column: (row + 1, entry) of the last entry seen in that column.
+        let mut last = vec![(0usize, 0usize); if self.count > 1 { self.g.cols } else { 0 }];
+        for r in 0..self.g.rows {
+            for e in self.range(bytes, r) {
+                let col = le16(ents, e * Q1T_ENTRY) as usize;
+                let mut shadowed = None;
                 if let Some(seen) = last.get_mut(col) {
                     if seen.0 == r + 1 {
-                        delta[seen.1] = 0.0;
+                        shadowed = Some(seen.1);
                     }
                     *seen = (r + 1, e);
                 }
+                f(r, e, col, shadowed);
             }
         }
-        delta
     }
 
     /// Copies `row_ptr` and the entries into huge pages for a matrix whose rows are
@@ -293,34 +308,24 @@ impl Q1tOverlay {
     /// shadowed entry (a later one of its row and column wins) has its value set to 0 in
     /// the copy. The f32 corrections go: 4 bytes an entry less in memory and in each
     /// token's stream (Qwen2.5-Coder-0.5B: 12 MiB of 3.2 M entries).
-    pub(crate) fn own(&mut self, g: Geom, bytes: &[u8], planes: &mut Q1tPlanes) {
-        let count = self.count;
-        let (np, ne) = (4 * (g.rows + 1), Q1T_ENTRY * count);
+    pub(crate) fn own(&mut self, bytes: &[u8], planes: &mut Q1tPlanes) {
+        let (rows, count) = (self.g.rows, self.count);
+        let (np, ne) = (4 * (rows + 1), Q1T_ENTRY * count);
         let mut mem = super::arena::alloc(np + ne);
         let b = mem.bytes_mut();
         b[..np].copy_from_slice(&bytes[self.row_ptr..self.row_ptr + np]);
         // `row_ptr` counts entries from the first (validated: `row_ptr[0] = 0`).
         let ents = &mut b[np..np + ne];
         ents.copy_from_slice(&bytes[self.entries..self.entries + ne]);
-        // Per column: (row + 1, entry) of the last entry seen in that column.
-        let mut last = vec![(0usize, 0usize); if count > 1 { g.cols } else { 0 }];
-        for r in 0..g.rows {
-            for e in self.range(bytes, r) {
-                let col = le16(ents, e * Q1T_ENTRY) as usize;
-                planes.clear_code(r, col);
-                if let Some(seen) = last.get_mut(col) {
-                    if seen.0 == r + 1 {
-                        ents[seen.1 * Q1T_ENTRY + 2..(seen.1 + 1) * Q1T_ENTRY].fill(0);
-                    }
-                    *seen = (r + 1, e);
-                }
-            }
+        let mut shadows = Vec::new();
+        self.walk(bytes, ents, |r, _, col, shadowed| {
+            planes.clear_code(r, col);
+            shadows.extend(shadowed);
+        });
+        for s in shadows {
+            ents[s * Q1T_ENTRY + 2..(s + 1) * Q1T_ENTRY].fill(0);
         }
-        self.owned = Some(std::sync::Arc::new(OwnedOverlay {
-            mem,
-            rows: g.rows,
-            count,
-        }));
+        self.owned = Some(std::sync::Arc::new(OwnedOverlay { mem, rows, count }));
     }
 
     /// Entries of row `r` (a validated payload).
@@ -902,13 +907,10 @@ mod simd {
         let slots = if n <= 8 { 8 } else { n };
         for e in 0..slots {
             let i = if e < n { e } else { n - 1 };
-            let dl = if e < n { ov.delta_at(i) } else { 0.0 };
-            let col = u16::from_le_bytes([
-                *ov.ent.get_unchecked(Q1T_ENTRY * i),
-                *ov.ent.get_unchecked(Q1T_ENTRY * i + 1),
-            ]);
+            let (col, dl) = ov.get_f16c(i);
+            let dl = if e < n { dl } else { 0.0 };
             for (c, x) in c.iter_mut().zip(xs) {
-                *c += dl * x.at(col as usize);
+                *c += dl * x.at(col);
             }
         }
         c

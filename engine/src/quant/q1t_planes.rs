@@ -22,7 +22,7 @@
 //!   SmolLM2 59.6–65 MiB, Qwen2.5 183–188 MiB (169–175 MiB anonymous, for a 188.8 MiB
 //!   file), and SmolLM2's decode 1.21× faster in one paired set, its rows' second stream
 //!   gone.
-
+//!
 //! # What it gains and costs at AVX-512 (Zen 4 VM, 2 threads, paired with `scripts/ab-bench.py`)
 //! - Qwen2.5-Coder-0.5B `q1t` decode 1.15× and 1.185× in two sets of 6 rounds; prefill
 //!   unchanged (0.998); load 64–78 → 228–498 ms; peak RSS 222 → 296 MiB (the file is
