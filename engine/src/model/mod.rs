@@ -512,8 +512,9 @@ impl Model {
 
     /// Bytes of weights one decoded token reads (plain decoding from the backbone, no
     /// task mask, no skill): every matrix the layers multiply, the LM head (the embedding
-    /// matrix itself when tied) and one embedding row. Stored bytes, as the kernels stream
-    /// them from the mmap.
+    /// matrix itself when tied) and one embedding row. The bytes the kernels stream: the
+    /// stored ones, from the mmap, or for a `q1t` matrix repacked at load its repacked rows
+    /// and overlay ([`crate::quant::matrix::Matrix::streamed_bytes`]).
     ///
     /// Approximations: a MoE layer counts its router, its shared expert (and gate) and
     /// `top_k` routed experts of the layer's mean expert size (the experts differ in size
@@ -521,7 +522,7 @@ impl Model {
     /// time); an embedding row is the embedding's bytes over the vocabulary; the MTP head
     /// (speculative decoding) is not counted.
     pub fn weight_bytes_per_token(&self) -> u64 {
-        let bytes = |l: &Linear| l.bytes().len() as u64;
+        let bytes = |l: &Linear| l.m.streamed_bytes() as u64;
         let vocab = self.config.vocab.max(1) as u64;
         let mut total = bytes(&self.lm_head) + bytes(&self.embed) / vocab;
         for layer in &self.layers {
@@ -926,6 +927,11 @@ mod tests {
             .unwrap()
             .payload_unread();
         assert_eq!(model.lm_head.m.payload_unread(), repacks, "the head");
+        // A token streams the head's repacked rows (10 bytes a tile for the file's 9) where
+        // it was repacked, and the per-token figure counts them.
+        let streamed = model.lm_head.m.streamed_bytes();
+        assert_eq!(streamed > head.len(), repacks, "the head's streamed bytes");
+        assert!(model.weight_bytes_per_token() > streamed as u64);
         let (e, embed) = f.tensor("model.embed_tokens.weight").unwrap();
         let (mut got, mut want) = (vec![0f32; 96], vec![0f32; 96]);
         for id in [0u32, 1, 130, 258] {

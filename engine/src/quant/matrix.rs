@@ -192,6 +192,16 @@ impl Matrix {
         })
     }
 
+    /// Bytes a product over every row streams: the payload's, or for a `q1t` matrix
+    /// repacked at load its repacked rows (1.11× the file's tiles) and the copy of its
+    /// overlay, which its products read instead.
+    pub fn streamed_bytes(&self) -> usize {
+        match &self.index {
+            RowIndex::Q1t(ov, Some(p)) => p.bytes() + ov.owned_bytes().unwrap_or(0),
+            _ => self.nbytes,
+        }
+    }
+
     /// The row geometry the matrix was validated with.
     pub(super) fn geom(&self) -> Geom {
         self.geom

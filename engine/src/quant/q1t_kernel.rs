@@ -328,6 +328,14 @@ impl Q1tOverlay {
         self.owned = Some(std::sync::Arc::new(OwnedOverlay { mem, rows, count }));
     }
 
+    /// Bytes of the copy of `row_ptr` and the entries that a repacked matrix's products
+    /// read ([`Q1tOverlay::own`]), or `None` while they read the payload's.
+    pub(crate) fn owned_bytes(&self) -> Option<usize> {
+        self.owned
+            .as_ref()
+            .map(|o| 4 * (o.rows + 1) + Q1T_ENTRY * o.count)
+    }
+
     /// Entries of row `r` (a validated payload).
     #[inline(always)]
     fn range(&self, bytes: &[u8], r: usize) -> Range<usize> {

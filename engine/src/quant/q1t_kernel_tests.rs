@@ -767,6 +767,13 @@ fn repacked_and_cold_matrices_agree() {
                 let mut cold = Matrix::new_cold(DType::Q1t, &shape(g), &b).unwrap();
                 assert_eq!(hot.payload_unread(), planes, "{rows}x{cols}");
                 assert!(!cold.payload_unread());
+                // What a product streams: the repacked rows (a code word and a scale per
+                // tile) and the overlay's copy, or the payload.
+                let count = super::q1::validate_q1t(g, &b).unwrap().count;
+                let repacked = 10 * rows * (cols / 32) + 4 * (rows + 1) + 4 * count;
+                let streamed = if planes { repacked } else { b.len() };
+                assert_eq!(hot.streamed_bytes(), streamed, "{rows}x{cols} repacked");
+                assert_eq!(cold.streamed_bytes(), b.len(), "{rows}x{cols} cold");
                 // Corrections: a repacked matrix needs none, a cold one not before its
                 // first product.
                 let computed = |m: &Matrix| q1t_overlay(m).unwrap().deltas_computed();

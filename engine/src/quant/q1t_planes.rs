@@ -188,6 +188,11 @@ impl Q1tPlanes {
         unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u16, self.n) }
     }
 
+    /// Bytes of the repacked rows: per tile its code word and its scale.
+    pub(crate) fn bytes(&self) -> usize {
+        10 * self.n
+    }
+
     /// Tiles per row.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     #[inline(always)]
