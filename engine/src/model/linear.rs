@@ -326,7 +326,9 @@ impl Linear {
     pub fn row_in(&self, sel: SkillSel, r: usize, out: &mut [f32]) {
         let v = self.view(sel);
         v.m.row(v.bytes, r, out);
-        if self.rows_only {
+        // The backbone's pages, when the row came from them (a skill's replacement is
+        // mapped elsewhere, and releasing the backbone's range would only cost a syscall).
+        if self.rows_only && std::ptr::eq(v.m, &self.m) {
             // Linux 6.18 maps the whole page-cache folio (up to 2 MiB) a read lies in,
             // whatever the advice: over a run most of an untied embedding would end up
             // mapped (Qwen2.5-Coder-0.5B `q1t`: 18 of its 40 MiB after 136 tokens, and a

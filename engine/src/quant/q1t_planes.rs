@@ -190,7 +190,7 @@ impl Q1tPlanes {
 
     /// Bytes of the repacked rows: per tile its code word and its scale.
     pub(crate) fn bytes(&self) -> usize {
-        10 * self.n
+        self.mem.bytes().len()
     }
 
     /// Tiles per row.
