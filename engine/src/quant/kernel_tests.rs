@@ -964,6 +964,89 @@ fn matvec_multi_of_parts_quantized_apart() {
     }
 }
 
+/// `matmul_each` of jobs where runs share one input (a MoE expert's gate and up, a decode
+/// step's experts reading one token), beside jobs whose same input must be quantized apart
+/// (another dtype, `q8_2f`'s column field): each job equals its own `matmul_with`, bit for
+/// bit, at every precision and level, in a prefill-like call (3 and 5 tokens: the row
+/// kernels and the panels) and a decode-like one (one token: the flat loop), from inside
+/// the engine's pool as a forward pass calls it.
+#[test]
+fn matmul_each_with_shared_inputs_equals_each_alone() {
+    use super::matrix::{matmul_each, MatmulJob};
+    let cols = 96usize;
+    let specs: [(DType, usize, usize); 7] = [
+        // (dtype, rows, input): inputs 0 and 1 have 5 and 3 tokens.
+        (DType::Q4Block, 37, 0),
+        (DType::Q4Block, 19, 0),
+        (DType::Q8Row, 11, 0),
+        (DType::Q8_2f, 13, 0),
+        (DType::Q8_2f, 13, 0),
+        (DType::Q4Tiled, 23, 1),
+        (DType::Q4Tiled, 7, 1),
+    ];
+    let payloads: Vec<Vec<u8>> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, &(d, r, _))| {
+            let w = activations(r * cols, 300 + i as u64);
+            encode(d, &[r as u64, cols as u64], &w, &EncodeOptions::default()).unwrap()
+        })
+        .collect();
+    let prefill = [activations(5 * cols, 31), activations(3 * cols, 32)];
+    let decode = [activations(cols, 33), activations(cols, 33)];
+    for k in Kernel::available() {
+        let ms: Vec<Matrix> = specs
+            .iter()
+            .zip(&payloads)
+            .map(|(&(d, r, _), b)| {
+                let mut m = Matrix::new(d, &[r as u64, cols as u64], b).unwrap();
+                m.set_kernel(k).unwrap();
+                m
+            })
+            .collect();
+        for p in Precision::ALL {
+            for xs in [&prefill, &decode] {
+                let tokens = |i: usize| xs[specs[i].2].len() / cols;
+                let mut ys: Vec<Vec<f32>> = (0..specs.len())
+                    .map(|i| vec![f32::NAN; tokens(i) * specs[i].1])
+                    .collect();
+                {
+                    let mut jobs: Vec<MatmulJob> = ys
+                        .iter_mut()
+                        .enumerate()
+                        .map(|(i, y)| MatmulJob {
+                            m: &ms[i],
+                            bytes: &payloads[i],
+                            x: &xs[specs[i].2],
+                            t: tokens(i),
+                            y,
+                        })
+                        .collect();
+                    crate::exec::step(|| matmul_each(&mut jobs, p));
+                }
+                for (i, y) in ys.iter().enumerate() {
+                    let mut alone = vec![f32::NAN; y.len()];
+                    matmul_with(
+                        &ms[i],
+                        &payloads[i],
+                        &xs[specs[i].2],
+                        tokens(i),
+                        &mut alone,
+                        p,
+                    );
+                    assert_eq!(
+                        bits(y),
+                        bits(&alone),
+                        "{k:?} {p:?} job {i} ({}, {} tokens)",
+                        ms[i].dtype,
+                        tokens(i)
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// A `vbit` row whose last step is partial reads the scales that follow its own (the next
 /// row's, or the packed codes after the last row's) and must mask them: here they are f16
 /// NaNs and infinities, which `0 ×` would turn into NaN. Rows before a non-finite row

@@ -47,6 +47,7 @@ use std::arch::x86_64::{
 };
 
 use rayon::prelude::*;
+use smallvec::SmallVec;
 
 use super::f16s::{DecodedRows, F32Rows, HalfRows};
 use super::kernel::{
@@ -750,7 +751,15 @@ pub fn matvec_multi(parts: &mut [MatvecPart], x: &[f32], p: Precision) {
                     matvec_impl(part.m, part.bytes, acts, part.rows, part.y)
                 }
             };
-            if !each_quantized(parts, p, |part| (part.m, x, 1), run) {
+            // The parts in parallel, each product split again over the pool: a few parts
+            // of unequal sizes (q/k/v) would leave a thread idle as tasks of their own.
+            let run_all = |parts: &mut [MatvecPart], qas: &[QuantizedActs], of: &[usize]| {
+                parts
+                    .par_iter_mut()
+                    .enumerate()
+                    .for_each(|(i, part)| run(part, acts_for(part.m, x, Some(&qas[of[i]]))))
+            };
+            if !with_each_quantized(parts, p, |part| (part.m, x, 1), run_all) {
                 // Called from inside a `matmul_each` or another of these: one at a time.
                 for part in parts.iter_mut() {
                     matvec_sel(part.m, part.bytes, x, part.rows, part.y, p)
@@ -797,10 +806,10 @@ pub fn matmul_each(jobs: &mut [MatmulJob], p: Precision) {
     // A decode step's experts (one token each, or none: an empty output is no task) as
     // one loop of whole products.
     let flat = jobs.iter().all(|j| j.t <= 1) && flat_ok(jobs.iter().map(|j| j.m));
-    let flat_all = |jobs: &mut [MatmulJob], qas: Option<&[QuantizedActs]>| {
+    let flat_all = |jobs: &mut [MatmulJob], qas: Option<(&[QuantizedActs], &[usize])>| {
         matvecs_flat(
             jobs.iter_mut().enumerate().map(|(i, j)| {
-                let acts = acts_for(j.m, j.x, qas.map(|q| &q[i]));
+                let acts = acts_for(j.m, j.x, qas.map(|(q, of)| &q[of[i]]));
                 (j.m, j.bytes, None, acts, &mut *j.y)
             }),
             true,
@@ -817,7 +826,7 @@ pub fn matmul_each(jobs: &mut [MatmulJob], p: Precision) {
             jobs,
             p,
             |j| (j.m, j.x, j.t),
-            |jobs, qas| flat_all(jobs, Some(qas)),
+            |jobs, qas, of| flat_all(jobs, Some((qas, of))),
         )
     } else {
         each_quantized(jobs, p, |j| (j.m, j.x, j.t), one)
@@ -830,25 +839,100 @@ pub fn matmul_each(jobs: &mut [MatmulJob], p: Precision) {
     }
 }
 
+/// Whether two products read the same quantized activations: the same input slice and
+/// token count, quantized alike (dtype, level, width, and no `q8_2f` column field folded
+/// in). A MoE expert's gate and up products are such a pair, and so are all the products
+/// of a decode step's experts.
+fn same_input(a: (&Matrix, &[f32], usize), b: (&Matrix, &[f32], usize)) -> bool {
+    std::ptr::eq(a.1, b.1)
+        && a.2 == b.2
+        && a.0.dtype == b.0.dtype
+        && a.0.kernel == b.0.kernel
+        && a.0.cols == b.0.cols
+        && a.0.is_fused() == b.0.is_fused()
+        && col_field(a.0).is_none()
+        && col_field(b.0).is_none()
+}
+
+/// The starts of the runs of consecutive items with the same input ([`same_input`]),
+/// then `items.len()`.
+fn input_runs<'a, J>(
+    items: &[J],
+    input: impl Fn(&J) -> (&'a Matrix, &'a [f32], usize),
+) -> SmallVec<[usize; 256]> {
+    let mut starts = SmallVec::new();
+    for (i, j) in items.iter().enumerate() {
+        if i == 0 || !same_input(input(&items[i - 1]), input(j)) {
+            starts.push(i);
+        }
+    }
+    starts.push(items.len());
+    starts
+}
+
 /// Runs `run` on every item in one parallel section, each with its activations (`input`:
-/// its matrix, `x` `[t, cols]`, `t`) quantized for its matrix into a buffer of its own
-/// ([`EACH_QACTS`], this thread's, reused), or as f32 where the matrix has no integer
-/// kernel. False, with nothing run, when the buffers are in use (called from inside
-/// another such section on this thread).
+/// its matrix, `x` `[t, cols]`, `t`) quantized for its matrix into a buffer of this
+/// thread's ([`EACH_QACTS`], reused), or as f32 where the matrix has no integer kernel.
+/// Each run of items with the same input is one task, which quantizes that input once and
+/// then runs its items in turn: a MoE prefill's experts quantized their tokens twice (gate
+/// and up), all on the calling thread before the section, while the other threads waited.
+/// A task's own products run in place ([`crate::exec::for_each_index`]): with a task per
+/// expert there is parallel work enough, and splitting each expert's few-token product
+/// again cost more in the pool than it gained. False, with nothing run, when the buffers
+/// are in use (called from inside another such section on this thread).
 fn each_quantized<'a, J: Send>(
     items: &mut [J],
     p: Precision,
     input: impl Fn(&J) -> (&'a Matrix, &'a [f32], usize) + Sync,
     run: impl Fn(&mut J, Acts) + Sync,
 ) -> bool {
-    with_each_quantized(items, p, &input, |items, qas| {
-        items
-            .par_iter_mut()
-            .zip(qas.par_iter())
-            .for_each(|(j, qa)| {
+    with_run_buffers(items, &input, |items, qas, starts| {
+        let runs = qas.len();
+        let (items, qas) = (
+            crate::exec::Pieces::new(items),
+            crate::exec::Pieces::new(qas),
+        );
+        crate::exec::for_each_index(runs, |r| {
+            // SAFETY: `for_each_index` runs each `r` once; run `r`'s items and buffer are
+            // its own.
+            let (its, qa) = unsafe {
+                (
+                    items.get(starts[r], starts[r + 1] - starts[r]),
+                    &mut qas.get(r, 1)[0],
+                )
+            };
+            let (m, x, t) = input(&its[0]);
+            let quantized = int_order(m).map(|order| {
+                fill_for(qa, m, x, t, order, p);
+                &*qa
+            });
+            for j in its {
                 let (m, x, _) = input(j);
-                run(j, acts_for(m, x, Some(qa)))
-            })
+                run(j, acts_for(m, x, quantized))
+            }
+        });
+    })
+}
+
+/// Hands `body` the items, this thread's buffers of [`EACH_QACTS`] (one per run of items
+/// with the same input) and the runs' starts ([`input_runs`]); `false`, with nothing run,
+/// when the buffers are in use (called from inside another such section on this thread).
+fn with_run_buffers<'a, J>(
+    items: &mut [J],
+    input: impl Fn(&J) -> (&'a Matrix, &'a [f32], usize),
+    body: impl FnOnce(&mut [J], &mut [QuantizedActs], &[usize]),
+) -> bool {
+    EACH_QACTS.with(|cell| {
+        let Ok(mut qas) = cell.try_borrow_mut() else {
+            return false;
+        };
+        let starts = input_runs(items, &input);
+        let runs = starts.len() - 1;
+        while qas.len() < runs {
+            qas.push(QuantizedActs::default());
+        }
+        body(items, &mut qas[..runs], &starts);
+        true
     })
 }
 
@@ -861,30 +945,25 @@ fn acts_for<'a>(m: &Matrix, x: &'a [f32], qa: Option<&'a QuantizedActs>) -> Acts
     }
 }
 
-/// Quantizes every item's activations as [`each_quantized`] does, then hands the items and
-/// their buffers (in the same order) to `body`. False, with nothing run, when the buffers
-/// are in use.
+/// Quantizes the items' activations as [`each_quantized`] does (once per run of items with
+/// the same input), then hands the items, the buffers and each item's buffer index to
+/// `body`. False, with nothing run, when the buffers are in use.
 fn with_each_quantized<'a, J>(
     items: &mut [J],
     p: Precision,
     input: impl Fn(&J) -> (&'a Matrix, &'a [f32], usize),
-    body: impl FnOnce(&mut [J], &[QuantizedActs]),
+    body: impl FnOnce(&mut [J], &[QuantizedActs], &[usize]),
 ) -> bool {
-    EACH_QACTS.with(|cell| {
-        let Ok(mut qas) = cell.try_borrow_mut() else {
-            return false;
-        };
-        while qas.len() < items.len() {
-            qas.push(QuantizedActs::default());
-        }
-        for (j, qa) in items.iter().zip(qas.iter_mut()) {
-            let (m, x, t) = input(j);
+    with_run_buffers(items, &input, |items, qas, starts| {
+        let mut of: SmallVec<[usize; 64]> = SmallVec::new();
+        for (r, qa) in qas.iter_mut().enumerate() {
+            let (m, x, t) = input(&items[starts[r]]);
             if let Some(order) = int_order(m) {
                 fill_for(qa, m, x, t, order, p);
             }
+            of.extend(std::iter::repeat_n(r, starts[r + 1] - starts[r]));
         }
-        body(items, &qas[..items.len()]);
-        true
+        body(items, qas, &of);
     })
 }
 
@@ -1196,7 +1275,8 @@ fn matmul_impl(m: &Matrix, bytes: &[u8], acts: Acts, t: usize, sel: Option<&[u32
         tok_block = tok_block.min(RESOLVED_TOKENS);
     }
     let out = Out::new(y);
-    (0..n.div_ceil(chunk)).into_par_iter().for_each(move |c| {
+    // A team loop, in place inside a task of another (a MoE expert of [`matmul_each`]).
+    crate::exec::for_each_index(n.div_ceil(chunk), move |c| {
         let outs = c * chunk..((c + 1) * chunk).min(n);
         for j0 in (0..t).step_by(tok_block) {
             let toks = j0..(j0 + tok_block).min(t);

@@ -84,8 +84,6 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-use rayon::prelude::*;
-
 #[cfg(target_arch = "x86_64")]
 use super::kernel::IntRowsSimd;
 use super::kernel::{h2f_scalar, le16, Kernel, QToken, QuantizedActs, SPLIT_SHIFT};
@@ -312,7 +310,9 @@ pub(super) fn matmul(
             n,
             out,
         };
-        (0..parts).into_par_iter().for_each(|task| {
+        // A team loop: in place when this product is itself a task of one (a MoE expert's,
+        // `matrix::matmul_each`), whose other tasks keep the threads busy.
+        crate::exec::for_each_index(parts, |task| {
             let panels = task * tasks / parts..(task + 1) * tasks / parts;
             PACKED.with(|cell| {
                 let mut own = (Vec::new(), Vec::new());
