@@ -312,8 +312,14 @@ impl Moe {
         let act = |m: &Mlp, g: &mut [f32], u: &mut [f32]| {
             m.gate.view(sel).add_bias_to(g);
             m.up.view(sel).add_bias_to(u);
-            for (gv, &uv) in g.iter_mut().zip(u.iter()) {
-                *gv = activate(m.act, *gv) * uv;
+            if m.act == Activation::Silu {
+                // Vectorised, as the dense MLP's: a scalar `exp` per neuron was 6% of a
+                // 64-token prefill of a 128-expert layer.
+                super::vmath::silu_mul(m.kernel, g, u);
+            } else {
+                for (gv, &uv) in g.iter_mut().zip(u.iter()) {
+                    *gv = activate(m.act, *gv) * uv;
+                }
             }
         };
         for (e, m) in self.experts.iter().enumerate() {
