@@ -19,7 +19,7 @@
 #
 # Cache: ${CMF_BENCH:-$HOME/.cache/cmf-bench} (checkpoint, CMF, GGUF, llama.cpp converter,
 # a snapshot of the cortiq binary). Idempotent: every product is reused when present.
-# Knobs (environment): ROUNDS=5 (interleaved rounds; medians over them) REPEAT=1 (measurements
+# Knobs (environment): ROUNDS=5 (interleaved rounds; medians over them) REPEAT=3 (measurements
 #   per tool call: cortiq bench --repeat, llama-bench -r) PROMPT=64 TOKENS=64 THREADS=2
 #   BITS="8 4" RSS_BITS=8 RSS_TOKENS="1 16 64 256" PRECISIONS="balanced exact fast" NICE=10 CORTIQ=path/to/cortiq
 #   KEEP_F16_GGUF=1 (else the f16 GGUF is deleted once quantized) SKIP_RSS=1 SKIP_SPEED=1
@@ -37,7 +37,10 @@ case "${1:-}" in
 esac
 CMF_BENCH="${CMF_BENCH:-$HOME/.cache/cmf-bench}"
 ROUNDS="${ROUNDS:-5}"
-REPEAT="${REPEAT:-1}"
+# Three, so that cortiq's median is a warm pass as llama-bench's are (it warms up first):
+# a MoE model's first prefill after load runs ~1.4x slower (page faults), and at one
+# measurement the table compared that cold pass with llama.cpp's warm one.
+REPEAT="${REPEAT:-3}"
 PROMPT="${PROMPT:-64}"
 TOKENS="${TOKENS:-64}"
 THREADS="${THREADS:-2}"
