@@ -95,13 +95,7 @@ impl Mlp {
             }
             _ => LinView::forward_many([gv, uv], live, h, t, [g, u]),
         }
-        if self.act == Activation::Silu {
-            super::vmath::silu_mul(self.kernel, g, u);
-        } else {
-            for (gv, &uv) in g.iter_mut().zip(u.iter()) {
-                *gv = activate(self.act, *gv) * uv;
-            }
-        }
+        self.gated(g, u);
         let Some(live) = live else {
             return self.down.view(sel).forward(g, t, out);
         };
@@ -130,6 +124,19 @@ impl Mlp {
             }
         }
         down.forward(wide, t, out);
+    }
+
+    /// `g[i] = act(g[i])·u[i]`, the gated activation of gate and up outputs; SiLU
+    /// vectorised ([`super::vmath::silu_mul`]). The MoE experts' too: their scalar `exp`
+    /// per neuron was 6% of a 64-token prefill of a 128-expert layer.
+    pub fn gated(&self, g: &mut [f32], u: &[f32]) {
+        if self.act == Activation::Silu {
+            super::vmath::silu_mul(self.kernel, g, u);
+        } else {
+            for (gv, &uv) in g.iter_mut().zip(u.iter()) {
+                *gv = activate(self.act, *gv) * uv;
+            }
+        }
     }
 }
 
