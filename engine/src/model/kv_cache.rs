@@ -3,6 +3,14 @@
 //! layout the score kernel of [`super::attend`] streams), and values position-major
 //! (`[position][head_dim]`). The buffers are zero-initialised allocations, so the OS maps
 //! their pages only as positions are written: a long context costs RSS only when used.
+//!
+//! Both buffers start on a page boundary ([`PageAligned`]). A key tile is `head_dim` rows
+//! of 64 bytes and a store writes one slot of every row, so then every page a score
+//! kernel reads holds a row already written. From the allocator's 16-byte offset, the
+//! last row of a tile spilled onto the next tile's page: the scores read that untouched
+//! page first, Linux mapped its shared zero page, and the next store there took a second
+//! fault that copies the page and flushes the other cores' TLBs by interrupt (about 6 of a
+//! SmolLM2-135M decode step's 17 faults).
 
 use super::attend::KEY_TILE;
 
@@ -12,8 +20,41 @@ pub struct LayerKv {
     head_dim: usize,
     /// Positions of room, a multiple of [`KEY_TILE`].
     capacity: usize,
-    k: Vec<f32>,
-    v: Vec<f32>,
+    k: PageAligned,
+    v: PageAligned,
+}
+
+/// `len` zeroed `f32`s starting on a 4 KiB page boundary: a zeroed allocation one page
+/// longer, entered at its first page boundary (the pages before it are never touched).
+#[derive(Debug)]
+struct PageAligned {
+    buf: Vec<f32>,
+    start: usize,
+    len: usize,
+}
+
+impl PageAligned {
+    const PAGE: usize = 4096;
+
+    fn zeroed(len: usize) -> PageAligned {
+        let pad = Self::PAGE / std::mem::size_of::<f32>();
+        let buf = vec![0.0f32; len.checked_add(pad).expect("KV cache size overflows")];
+        let start = buf.as_ptr().align_offset(Self::PAGE).min(pad);
+        PageAligned { buf, start, len }
+    }
+}
+
+impl std::ops::Deref for PageAligned {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.buf[self.start..self.start + self.len]
+    }
+}
+
+impl std::ops::DerefMut for PageAligned {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        &mut self.buf[self.start..self.start + self.len]
+    }
 }
 
 impl LayerKv {
@@ -24,8 +65,8 @@ impl LayerKv {
             kv_heads,
             head_dim,
             capacity,
-            k: vec![0.0; n],
-            v: vec![0.0; n],
+            k: PageAligned::zeroed(n),
+            v: PageAligned::zeroed(n),
         }
     }
 
@@ -35,16 +76,17 @@ impl LayerKv {
         let (hd, width) = (self.head_dim, self.kv_heads * self.head_dim);
         let t = k.len() / width.max(1);
         assert!(k.len() == t * width && v.len() == t * width && pos0 + t <= self.capacity);
+        let (keys, values) = (&mut *self.k, &mut *self.v);
         for (i, (kr, vr)) in k.chunks_exact(width).zip(v.chunks_exact(width)).enumerate() {
             let pos = pos0 + i;
             for h in 0..self.kv_heads {
                 let head = h * self.capacity * hd;
                 let tile = head + pos / KEY_TILE * hd * KEY_TILE + pos % KEY_TILE;
                 for (d, &x) in kr[h * hd..(h + 1) * hd].iter().enumerate() {
-                    self.k[tile + d * KEY_TILE] = x;
+                    keys[tile + d * KEY_TILE] = x;
                 }
                 let at = head + pos * hd;
-                self.v[at..at + hd].copy_from_slice(&vr[h * hd..(h + 1) * hd]);
+                values[at..at + hd].copy_from_slice(&vr[h * hd..(h + 1) * hd]);
             }
         }
     }
@@ -75,6 +117,21 @@ impl LayerKv {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn buffers_start_on_a_page() {
+        for (cap, heads, hd) in [(1, 1, 8), (37, 3, 40), (100, 2, 96)] {
+            let kv = LayerKv::new(cap, heads, hd);
+            for h in 0..heads {
+                let (k, v) = kv.head(h);
+                assert_eq!(k.len(), kv.capacity * hd);
+                if h == 0 {
+                    assert_eq!(k.as_ptr() as usize % 4096, 0);
+                    assert_eq!(v.as_ptr() as usize % 4096, 0);
+                }
+            }
+        }
+    }
 
     #[test]
     fn stored_keys_and_values_read_back() {
