@@ -112,10 +112,9 @@ impl Matrix {
     /// `vbit` and the overlay of `q1s` (O(rows + overlay), once). Picks the fastest
     /// [`Kernel`] of this CPU.
     ///
-    /// A `q1t` matrix is repacked here ([`Matrix::new_repacked`]) at the AVX2 level by
-    /// default, and at the AVX-512 VBMI + VNNI level with `CORTIQ_Q1T_REPACK=1`
-    /// (`CORTIQ_Q1T_REPACK=0`: nowhere); see [`super::q1t_planes`] for what it gains and
-    /// costs.
+    /// A `q1t` matrix is repacked here ([`Matrix::new_repacked`]) at the levels of the
+    /// planes kernels (AVX2, AVX-512 VBMI + VNNI) unless `CORTIQ_Q1T_REPACK=0`; see
+    /// [`super::q1t_planes`] for what it gains and costs.
     pub fn new(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<Matrix, QuantError> {
         Matrix::build(
             dtype,
@@ -575,11 +574,11 @@ enum Use {
 }
 
 /// Whether [`Matrix::new`] repacks `q1t` matrices at kernel level `k`:
-/// `CORTIQ_Q1T_REPACK=1` or `0` (read once) where set, else at the AVX2 levels. There the
-/// planes kernel decoded 1.5–1.6× faster than the digit-major one (Zen 3 VM, SmolLM2-135M
-/// and Qwen2.5-Coder-0.5B, paired), for a peak RSS 2–11% higher; on the Zen 4 VM's AVX-512
-/// it made Qwen2.5-Coder-0.5B 1.15–1.19× faster and SmolLM2-135M no faster, so it stays
-/// opt-in there (see `super::q1t_planes`).
+/// `CORTIQ_Q1T_REPACK=1` or `0` (read once) where set, else wherever the planes kernel runs
+/// ([`planes_run_on`]). At AVX2 it decoded 1.5–1.6× faster than the digit-major kernel
+/// (Zen 3 VM, SmolLM2-135M and Qwen2.5-Coder-0.5B, paired), for a peak RSS 2–11% higher;
+/// at AVX-512 on the Intel Xeon VM 1.19× and 1.25×, and more once its overlays were
+/// gathered (see `super::q1t_planes`).
 fn repack_q1t(k: Kernel) -> bool {
     static ENV: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let env = ENV.get_or_init(|| match std::env::var("CORTIQ_Q1T_REPACK").as_deref() {
@@ -587,7 +586,7 @@ fn repack_q1t(k: Kernel) -> bool {
         Ok("0") => Some(false),
         _ => None,
     });
-    env.unwrap_or(k.is_avx2())
+    env.unwrap_or(planes_run_on(k))
 }
 
 /// The overlay of the `q1t` matrix `m` (computed at load).

@@ -1,6 +1,6 @@
-//! `q1t` rows repacked at load into 2-bit codes: by default at the AVX2 levels, and at the
-//! AVX-512 VBMI + VNNI level when `CORTIQ_Q1T_REPACK=1` asks for it (`Matrix::new`;
-//! `CORTIQ_Q1T_REPACK=0` turns it off everywhere), or where a caller does
+//! `q1t` rows repacked at load into 2-bit codes: by default at the levels of the planes
+//! kernels, AVX2 and AVX-512 VBMI + VNNI (`Matrix::new`; `CORTIQ_Q1T_REPACK=0` turns it off
+//! everywhere), or where a caller does
 //! (`Matrix::new_repacked`): the one place where this engine may keep a weight in another
 //! form than the file's (the performance issue allows a repack "where it pays, without a
 //! second copy of the model in memory"; DESIGN.md keeps weights in the mmap, so it is on
@@ -34,6 +34,15 @@
 //! - Next: the overlay's entries left in the file with the tiles' pages released under
 //!   `MADV_NOHUGEPAGE` (so that reading an entry maps 4 KiB, not the 2 MiB around it),
 //!   which would bring the cost to the rows' 11%.
+//!
+//! # At AVX-512 on an Intel Xeon VM (2 vCPUs, AVX-512 VNNI/VBMI, AMX), 2026-12-07
+//! With the memory work of the AVX2 section above, paired (`scripts/ab-bench.py`, 4–5
+//! rounds, 8-token prompt and 128 decoded) against the digit-major kernel of the same
+//! build: SmolLM2-135M 1.17–1.19×, Qwen2.5-Coder-0.5B 1.22–1.25×; peak RSS 67.9 → 69.4 and
+//! 185 → 194 MiB (`cortiq bench`); load 33 → 96 and 64 → 434 ms. So the repack became the
+//! default at this level too. Then the planes kernel's overlays were gathered 16 entries
+//! at a time, as the AVX2 kernel's are (a scalar loop of 8 slots had been a large share
+//! of a 576-column row): together 1.36× and 1.46× the digit-major decode.
 //!
 //! ```text
 //! codes:  u64 per tile (rows × cols/32): weight k of the tile at bits 8·(k mod 8) + 2·(k div 8),
