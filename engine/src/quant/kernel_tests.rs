@@ -152,6 +152,27 @@ fn encoded(dtype: DType, shape: &[u64], seed: u64) -> (Vec<u8>, Vec<f32>, Geom) 
     (bytes, w, g)
 }
 
+/// `array_of` builds what `std::array::from_fn` does, in order, at several lengths (the
+/// kernels' rows and tokens: 1, 2, 4; and an odd one), calling `f` once per element.
+#[test]
+fn array_of_equals_from_fn() {
+    fn both<const N: usize>() {
+        let mut calls = Vec::new();
+        let got: [(usize, u64); N] = super::kernel::array_of(|i| {
+            calls.push(i);
+            (i, 3 * i as u64 + 7)
+        });
+        let want: [(usize, u64); N] = std::array::from_fn(|i| (i, 3 * i as u64 + 7));
+        assert_eq!(got, want);
+        assert_eq!(calls, (0..N).collect::<Vec<_>>());
+    }
+    both::<0>();
+    both::<1>();
+    both::<2>();
+    both::<4>();
+    both::<7>();
+}
+
 #[test]
 fn matvec_matches_decode_for_every_dtype_kernel_and_shape() {
     for dtype in WRITABLE {

@@ -57,7 +57,7 @@
 //!   multiplier, and the second multiply of the digit took it from the dot.
 //!
 //! A matrix repacked at load into 2-bit codes ([`super::q1t_planes`]: by default at the
-//! AVX2 levels, opt-in on AVX-512 VBMI + VNNI) runs the same row loop with a *planes* step
+//! AVX2 and AVX-512 VBMI + VNNI levels) runs the same row loop with a *planes* step
 //! instead of
 //! the digit-major one (`pl_step`: one 64-byte load per row and 8 tiles, a shift and a
 //! mask per plane, four `vpdpbusd` per level against the activations in the same four
@@ -122,7 +122,9 @@ use std::arch::x86_64::*;
 
 use rayon::prelude::*;
 
-use super::kernel::{self, h2f_scalar, le16, IntRowsScalar, Kernel, QToken, QuantizedActs};
+use super::kernel::{
+    self, array_of, h2f_scalar, le16, IntRowsScalar, Kernel, QToken, QuantizedActs,
+};
 use super::kernel::{RowsScalar, SPLIT_SHIFT, STEP};
 // Rows and tokens per register tile, as in `matrix`.
 use super::arena::Slab;
@@ -1545,9 +1547,9 @@ mod simd {
             groups: usize,
             ts: &[DmTok; T],
         ) -> [[f32; T]; N] {
-            let ov = std::array::from_fn(|i| cx.ov.row(cx.bytes, rs[i]));
+            let ov = array_of(|i| cx.ov.row(cx.bytes, rs[i]));
             if let Some(p) = self.planes {
-                let rows = std::array::from_fn(|i| (p.codes(rs[i]), p.scales(rs[i])));
+                let rows = array_of(|i| (p.codes(rs[i]), p.scales(rs[i])));
                 return if self.dm.split {
                     pl_row::<N, T, true>(rows, groups, ts, ov)
                 } else {
@@ -1555,7 +1557,7 @@ mod simd {
                 };
             }
             let rb = groups * Q1T_TILE;
-            let tiles = std::array::from_fn(|i| &cx.bytes[rs[i] * rb..(rs[i] + 1) * rb]);
+            let tiles = array_of(|i| &cx.bytes[rs[i] * rb..(rs[i] + 1) * rb]);
             if self.dm.split {
                 dm_row::<N, T, true>(&self.k, tiles, groups, ts, ov)
             } else {
@@ -1573,7 +1575,7 @@ mod simd {
             j: usize,
             put: &mut P,
         ) {
-            let ts: [DmTok; T] = std::array::from_fn(|q| self.dm.token(j + q));
+            let ts: [DmTok; T] = array_of(|q| self.dm.token(j + q));
             let groups = cx.g.cols / STEP;
             let rows = cx.rows::<R>(o);
             let mut out = [[0f32; T]; R];
@@ -1748,10 +1750,10 @@ mod simd {
         }
         let (full, tail) = (groups / DM_TILES, groups % DM_TILES);
         for s in 0..full {
-            let at = std::array::from_fn(|r| pl_at(rows[r], s));
+            let at = array_of(|r| pl_at(rows[r], s));
             pl_step::<N, T, SPLIT>(at, DM_TILES, s, toks, &mut acc);
         }
-        let at: [_; N] = std::array::from_fn(|r| pl_at(rows[r], full));
+        let at: [_; N] = array_of(|r| pl_at(rows[r], full));
         if N == 2 && 0 < tail && tail <= DM_TILES / 2 {
             let [a, b] = &mut acc[..] else {
                 unreachable!("two rows")
@@ -2352,7 +2354,7 @@ mod simd {
             j: usize,
             put: &mut P,
         ) {
-            let ts: [DmTok; T] = std::array::from_fn(|q| self.dm.token(j + q));
+            let ts: [DmTok; T] = array_of(|q| self.dm.token(j + q));
             let groups = cx.g.cols / STEP;
             let rb = groups * Q1T_TILE;
             let rows = cx.rows::<R>(o);
@@ -2767,7 +2769,7 @@ impl Q1tProduct<'_> {
     fn rows<const R: usize>(&self, o: usize) -> [usize; R] {
         match self.sel {
             None => consecutive_rows(o),
-            Some(s) => std::array::from_fn(|i| s[o + i] as usize),
+            Some(s) => array_of(|i| s[o + i] as usize),
         }
     }
 
@@ -2919,7 +2921,7 @@ impl Tile for ExactTile<'_> {
     ) {
         let cols = cx.g.cols;
         let rs = cx.rows::<R>(o);
-        let xs: [&[f32]; T] = std::array::from_fn(|q| &self.0[(j + q) * cols..(j + q + 1) * cols]);
+        let xs: [&[f32]; T] = array_of(|q| &self.0[(j + q) * cols..(j + q + 1) * cols]);
         if let Some(p) = cx.planes {
             // The shared f32 loops over the repacked rows: the same weights as the tiles'.
             let mut out = [[0f32; T]; R];
@@ -2931,7 +2933,7 @@ impl Tile for ExactTile<'_> {
         if cx.k == Kernel::Avx512 && simd::exact_available() {
             // SAFETY: checked just above; `new_at` gives each row its tiles and `SLACK`,
             // and each activation slice is `cols` long.
-            let ov: [_; R] = std::array::from_fn(|i| cx.ov.row(cx.bytes, rs[i]));
+            let ov: [_; R] = array_of(|i| cx.ov.row(cx.bytes, rs[i]));
             let out = unsafe { simd::exact_rows::<R, T>(&d.tiles, cols / STEP, &xs, &ov) };
             return put_tile(o, j, &out, put);
         }
@@ -3074,7 +3076,7 @@ impl IntTile<'_> {
                 };
             }
         }
-        let xs: [QToken; T] = std::array::from_fn(|q| self.qa.token(j + q));
+        let xs: [QToken; T] = array_of(|q| self.qa.token(j + q));
         kernel::run_int::<_, R, T>(cx.k, d, &xs, &mut out);
         cx.finish((o, j), &rs, &xs, out, put);
     }
