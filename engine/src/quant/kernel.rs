@@ -1222,6 +1222,14 @@ impl QuantizedActs {
         (&self.k, self.groups * STEP)
     }
 
+    /// The first `t` tokens' codes, residual codes and scales as stored: what decides
+    /// every value derived from them (for a cache keyed on their content).
+    pub(super) fn levels(&self, t: usize) -> (&[i8], &[i8], &[f32]) {
+        let codes = t * self.groups * STEP;
+        let q2 = if self.split { &self.q2[..codes] } else { &[] };
+        (&self.q[..codes], q2, &self.d[..t * self.groups])
+    }
+
     /// Whether the tokens carry the residual level (one scale per token).
     pub fn is_split(&self) -> bool {
         self.split

@@ -309,7 +309,7 @@ impl<const R: usize> IntRowsScalar for Q1tPlaneRows<'_, R> {
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::*;
-    use crate::quant::kernel::{h2f, IntRowsSimd, RowsAvx2, RowsAvx512};
+    use crate::quant::kernel::{h2f, prefetch_ahead, IntRowsSimd, RowsAvx2, RowsAvx512};
 
     /// The 32 `u` of tile word `w` in weight order (byte `k` = weight `k`): the word in
     /// each 64-bit lane, shifted by `2·lane` and masked, puts weights `8p .. 8p + 8` in
@@ -374,6 +374,25 @@ mod simd {
             // Four f16 side by side: one load, one conversion.
             let p = self.scales.get_unchecked(i).as_ptr().add(blk);
             _mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i))
+        }
+
+        /// The prefill packers' prefetch: row `i` of the panel after this one (`2·R` rows
+        /// on; a product's rows are contiguous, and with a row selection the hint is only
+        /// wasted), a line per 8 words and the row's last, and its scales a line per 32.
+        /// Without it the packer waited on each row's words: 42% of `pack_q4`'s samples in
+        /// a 64-token Qwen2.5-Coder-0.5B prefill sat on those loads.
+        #[inline(always)]
+        unsafe fn prefetch_pack(&self, i: usize, blk: usize) {
+            let (codes, scales) = (*self.codes.get_unchecked(i), *self.scales.get_unchecked(i));
+            if blk.is_multiple_of(8) || blk + 1 == codes.len() {
+                let row = std::slice::from_raw_parts(codes.as_ptr() as *const u8, 8 * codes.len());
+                prefetch_ahead::<R>(row, 8 * blk, 1);
+            }
+            if blk.is_multiple_of(32) || blk + 1 == scales.len() {
+                let row =
+                    std::slice::from_raw_parts(scales.as_ptr() as *const u8, 2 * scales.len());
+                prefetch_ahead::<R>(row, 2 * blk, 1);
+            }
         }
     }
 }
