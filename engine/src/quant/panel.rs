@@ -607,8 +607,10 @@ unsafe fn overlay_sums<const B: usize>(
 }
 
 /// The `t` tokens of `qa` as the `q1t` overlay multiplies them, `(256·q + q₂)·d` as
-/// [`super::q1t_kernel`]'s row kernels do, column-major: `xt[col·tp + j]`, zero for
-/// `t ≤ j < tp`; here the columns `cols` of them, a task of [`activation_columns_par`].
+/// [`super::q1t_kernel`]'s row kernels do, column-major: `xt[col·tp + j]`, zero from `t` to
+/// the next multiple of 16 (8 on AVX2); past that a column keeps what it held (the overlay
+/// may read it, into corrections of no token); here the columns `cols` of them, a task of
+/// [`activation_columns_par`].
 /// Per 16 tokens × 16 columns, a token's columns are converted in one vector and the block
 /// is transposed.
 ///
