@@ -1545,14 +1545,14 @@ unsafe fn widen_codes<D: IntRowsSimd + ?Sized>(raw: __m256i) -> [__m256i; 2] {
 
 /// Asks L2 for `lines` cache lines from byte `at` of the row `2·R` rows after `row`: the
 /// row block after next, for layouts whose rows are contiguous and equally long (the
-/// float payloads, the `q4` nibble planes, tiles and scales).
+/// float payloads, the `q4` nibble planes, tiles and scales, `q1t`'s repacked words).
 ///
 /// # Safety
 /// SSE (a prefetch never faults, so the address may lie past the payload).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(crate) unsafe fn prefetch_ahead<const R: usize>(row: &[u8], at: usize, lines: usize) {
-    let p = row.as_ptr().wrapping_add(at + 2 * R * row.len());
+pub(crate) unsafe fn prefetch_ahead<const R: usize>(row: &[impl Copy], at: usize, lines: usize) {
+    let p = (row.as_ptr() as *const u8).wrapping_add(at + 2 * R * std::mem::size_of_val(row));
     for l in 0..lines {
         _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * l) as *const i8);
     }

@@ -616,8 +616,7 @@ unsafe fn overlay_sums<const B: usize>(
 ///
 /// # Safety
 /// AVX-512 F/BW; `qa` holds `t` split tokens of activations, `cols` a range of them whose
-/// ends are multiples of 32; `xt` holds `tp` tokens per column, and no other thread
-/// accesses those of `cols`.
+/// ends are multiples of 32, and `xt` is those columns, `tp` tokens each.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn activation_columns(
@@ -625,10 +624,10 @@ unsafe fn activation_columns(
     t: usize,
     tp: usize,
     cols: std::ops::Range<usize>,
-    xt: Out,
+    xt: &mut [f32],
 ) {
     const _: () = assert!(SPLIT_SHIFT == 8);
-    assert!(tp.is_multiple_of(16) && tp >= t);
+    assert!(tp.is_multiple_of(16) && tp >= t && xt.len() == cols.len() * tp);
     assert!(cols.start.is_multiple_of(32) && cols.end.is_multiple_of(32));
     let levels = transpose_indices();
     let bytes16 = |s: &[i8]| _mm512_cvtepi8_epi32(_mm_loadu_si128(s[..16].as_ptr() as *const _));
@@ -649,7 +648,8 @@ unsafe fn activation_columns(
             }
             transpose16(&mut r, &levels);
             for (c, v) in r.iter().enumerate() {
-                _mm512_storeu_si512(xt.slice_ptr((c0 + c) * tp + j0, 16) as *mut _, *v);
+                let at = (c0 - cols.start + c) * tp + j0;
+                _mm512_storeu_si512(xt[at..at + 16].as_mut_ptr() as *mut _, *v);
             }
         }
     }
@@ -669,9 +669,9 @@ unsafe fn activation_columns_avx2(
     t: usize,
     tp: usize,
     cols: std::ops::Range<usize>,
-    xt: Out,
+    xt: &mut [f32],
 ) {
-    assert!(tp.is_multiple_of(8) && tp >= t);
+    assert!(tp.is_multiple_of(8) && tp >= t && xt.len() == cols.len() * tp);
     assert!(cols.start.is_multiple_of(32) && cols.end.is_multiple_of(32));
     let bytes8 = |s: &[i8]| _mm256_cvtepi8_epi32(_mm_loadl_epi64(s[..8].as_ptr() as *const _));
     for j0 in (0..t).step_by(8) {
@@ -690,7 +690,8 @@ unsafe fn activation_columns_avx2(
                 None => _mm256_setzero_si256(),
             });
             for (c, v) in transpose8(&r).iter().enumerate() {
-                _mm256_storeu_si256(xt.slice_ptr((c0 + c) * tp + j0, 8) as *mut _, *v);
+                let at = (c0 - cols.start + c) * tp + j0;
+                _mm256_storeu_si256(xt[at..at + 8].as_mut_ptr() as *mut _, *v);
             }
         }
     }
@@ -788,20 +789,20 @@ unsafe fn activation_columns_par(
     if xt.len() < cols * tp {
         xt.resize(cols * tp, 0.0);
     }
+    // About four tasks a thread, of whole 32-column blocks.
     let blocks = cols / 32;
-    let parts = blocks.min(4 * rayon::current_num_threads()).max(1);
-    let xo = Out::new(&mut xt[..cols * tp]);
-    crate::exec::for_each_index(parts, |i| {
-        let c = 32 * (i * blocks / parts)..32 * ((i + 1) * blocks / parts);
+    let per = 32 * blocks.div_ceil(4 * rayon::current_num_threads()).max(1);
+    crate::exec::for_each_chunk_mut(&mut xt[..cols * tp], per * tp, |i, xt| {
+        let c = i * per..(i * per + per).min(cols);
         #[cfg(target_arch = "x86_64")]
         if avx2 {
-            activation_columns_avx2(qa, t, tp, c, xo)
+            activation_columns_avx2(qa, t, tp, c, xt)
         } else {
-            activation_columns(qa, t, tp, c, xo)
+            activation_columns(qa, t, tp, c, xt)
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (avx2, qa, t, tp, c, xo);
+            let _ = (avx2, qa, t, tp, c, xt);
             unreachable!("the panels need x86-64")
         }
     });

@@ -385,13 +385,10 @@ mod simd {
         unsafe fn prefetch_pack(&self, i: usize, blk: usize) {
             let (codes, scales) = (*self.codes.get_unchecked(i), *self.scales.get_unchecked(i));
             if blk.is_multiple_of(8) || blk + 1 == codes.len() {
-                let row = std::slice::from_raw_parts(codes.as_ptr() as *const u8, 8 * codes.len());
-                prefetch_ahead::<R>(row, 8 * blk, 1);
+                prefetch_ahead::<R>(codes, 8 * blk, 1);
             }
             if blk.is_multiple_of(32) || blk + 1 == scales.len() {
-                let row =
-                    std::slice::from_raw_parts(scales.as_ptr() as *const u8, 2 * scales.len());
-                prefetch_ahead::<R>(row, 2 * blk, 1);
+                prefetch_ahead::<R>(scales, 2 * blk, 1);
             }
         }
     }
